@@ -1,0 +1,3 @@
+"""r3: a pure-PyTorch research reference for Rollout Routing Replay (R3) in MoE reinforcement learning."""
+from r3.model import ModelConfig, PRESETS, Transformer, build_model  # noqa: F401
+from r3.moe import RoutesError  # noqa: F401

@@ -1,0 +1,240 @@
+"""A small, self-contained Qwen3-MoE transformer (and its dense twin), written to match HF `Qwen3MoeForCausalLM`.
+
+Architecture (DESIGN.md): RMSNorm computed in fp32 then multiplied by the weight; rotate_half RoPE; GQA attention
+with per-head RMSNorm on q and k before RoPE; every layer sparse (see `r3/moe.py`); untied `lm_head`.
+Parameter names are HF's (`model.layers.3.self_attn.q_proj.weight`, `model.layers.3.mlp.gate.weight`, ...) except
+that the experts of a layer are stacked into three [E, ., .] tensors.
+
+State is carried through `forward` as explicit arguments, never hidden in modules:
+  valid_BT     which positions hold real tokens (False = padding; padded keys are invisible to attention)
+  routes_BTLK  expert ids to replay (R3 / R2); None = the router's own top-k
+  kv_cache     a `KVCache` to append to (the rollout engine's decode path)
+Every forward returns (logits or hidden, routes_BTLK): the expert ids it used, [B, T, L, K], or None when dense.
+
+Left out on purpose: sliding-window attention, `mlp_only_layers` / `decoder_sparse_step` (Qwen3-30B-A3B uses
+neither), the auxiliary load-balancing loss (RL fine-tuning of a trained MoE does not need it).
+"""
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+
+from r3.moe import MLP, MoE, RoutesError, check_routes
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 16
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    moe_intermediate_size: int = 64
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = True
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 256
+    dense: bool = False  # the dense twin: one SwiGLU MLP of width K·moe_intermediate_size per layer
+
+    def dense_twin(self) -> "ModelConfig":
+        """Same everything, but an MLP with the MoE's *active* width in place of the sparse block."""
+        return replace(self, dense=True)
+
+    @property
+    def dense_intermediate_size(self) -> int:
+        return self.num_experts_per_tok * self.moe_intermediate_size
+
+
+PRESETS = {
+    "toy": ModelConfig(),
+    "toy-wide": ModelConfig(hidden_size=128, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+                            moe_intermediate_size=96, num_experts=16),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(pos_BT: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=pos_BT.device).float()
+                                / head_dim))
+    freqs_BTF = pos_BT.float()[..., None] * inv_freq
+    emb = torch.cat((freqs_BTF, freqs_BTF), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class KVCache:
+    """Per-layer keys/values plus, for every cached position, its validity and the routes that produced it.
+
+    Keeping routes beside K/V means any reuse of cached positions (a shared prompt, an earlier turn) reuses the
+    routes recorded when those positions were computed, kept in step by construction.
+    """
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype: torch.dtype, device="cpu"):
+        shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+        self.routes = None if cfg.dense else torch.zeros(
+            batch, max_len, cfg.num_hidden_layers, cfg.num_experts_per_tok, dtype=torch.int16, device=device)
+        self.length = 0
+        self.prefill_tokens = 0  # positions computed by forwards with more than one new position
+        self.decode_tokens = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.valid.shape[1]
+
+    def n_valid(self) -> torch.Tensor:
+        return self.valid[:, :self.length].sum(1)
+
+    def commit(self, valid_BT: torch.Tensor, routes_BTLK: torch.Tensor | None) -> None:
+        T = valid_BT.shape[1]
+        self.valid[:, self.length:self.length + T] = valid_BT
+        if self.routes is not None:
+            self.routes[:, self.length:self.length + T] = routes_BTLK.to(self.routes.dtype)
+        if T > 1:
+            self.prefill_tokens += T * valid_BT.shape[0]
+        else:
+            self.decode_tokens += valid_BT.shape[0]
+        self.length += T
+
+    def repeat_interleave(self, n: int) -> "KVCache":
+        """Expand each row to n rows (a prompt prefilled once, shared by a GRPO group of n samples)."""
+        out = KVCache.__new__(KVCache)
+        out.k = self.k.repeat_interleave(n, dim=1)
+        out.v = self.v.repeat_interleave(n, dim=1)
+        out.valid = self.valid.repeat_interleave(n, dim=0)
+        out.routes = None if self.routes is None else self.routes.repeat_interleave(n, dim=0)
+        out.length, out.prefill_tokens, out.decode_tokens = self.length, self.prefill_tokens, self.decode_tokens
+        return out
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, Hkv, hd, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+        self.q_proj = nn.Linear(D, H * hd, bias=False)
+        self.k_proj = nn.Linear(D, Hkv * hd, bias=False)
+        self.v_proj = nn.Linear(D, Hkv * hd, bias=False)
+        self.o_proj = nn.Linear(H * hd, D, bias=False)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(self, x_BTD, cos, sin, mask_B1TS, kv_cache: KVCache | None, layer: int):
+        cfg = self.cfg
+        q = self.q_norm(rearrange(self.q_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
+        k = self.k_norm(rearrange(self.k_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
+        v = rearrange(self.v_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim)
+        cos, sin = cos[:, None], sin[:, None]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if kv_cache is not None:
+            start, T = kv_cache.length, x_BTD.shape[1]
+            assert start + T <= kv_cache.max_len, f"KV cache full: {start} + {T} > {kv_cache.max_len}"
+            kv_cache.k[layer, :, :, start:start + T] = k
+            kv_cache.v[layer, :, :, start:start + T] = v
+            k, v = kv_cache.k[layer, :, :, :start + T], kv_cache.v[layer, :, :, :start + T]
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1TS)
+        return self.o_proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        if cfg.dense:
+            self.mlp = MLP(cfg.hidden_size, cfg.dense_intermediate_size)
+        else:
+            self.mlp = MoE(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                           cfg.norm_topk_prob)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, kv_cache, layer, replay_ids_BTK):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, kv_cache, layer)
+        h, ids_BTK = self.mlp(self.post_attention_layernorm(x), replay_ids_BTK)
+        return x + h, ids_BTK
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = nn.ModuleDict(dict(
+            embed_tokens=nn.Embedding(cfg.vocab_size, cfg.hidden_size),
+            layers=nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers)),
+            norm=RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+        ))
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int = 0, std: float = 0.02) -> "Transformer":
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+        return self
+
+    def forward(self, ids_BT: torch.Tensor, *, valid_BT: torch.Tensor | None = None,
+                routes_BTLK: torch.Tensor | None = None, kv_cache: KVCache | None = None,
+                return_hidden: bool = False):
+        cfg = self.cfg
+        B, T = ids_BT.shape
+        dev = ids_BT.device
+        if valid_BT is None:
+            valid_BT = torch.ones(B, T, dtype=torch.bool, device=dev)
+        if routes_BTLK is not None:
+            if cfg.dense:
+                raise RoutesError("the dense twin has no router: routes cannot be replayed into it")
+            check_routes(routes_BTLK, batch=B, seq=T, num_layers=cfg.num_hidden_layers,
+                         top_k=cfg.num_experts_per_tok, num_experts=cfg.num_experts)
+        start = 0 if kv_cache is None else kv_cache.length
+        n_prev = torch.zeros(B, dtype=torch.long, device=dev) if kv_cache is None else kv_cache.n_valid()
+        pos_BT = (n_prev[:, None] + valid_BT.long().cumsum(1) - 1).clamp(min=0)
+        x = self.model.embed_tokens(ids_BT)
+        cos, sin = rope_cos_sin(pos_BT, cfg.head_dim, cfg.rope_theta, x.dtype)
+        key_valid = valid_BT if kv_cache is None else torch.cat([kv_cache.valid[:, :start], valid_BT], 1)
+        q_slot = torch.arange(start, start + T, device=dev)[:, None]
+        k_slot = torch.arange(start + T, device=dev)[None, :]
+        mask = (k_slot <= q_slot) & (key_valid[:, None, :] | (k_slot == q_slot))
+        mask = mask[:, None]  # [B, 1, T, S]: causal, padded keys hidden (each position always sees itself)
+        used = []
+        for i, layer in enumerate(self.model.layers):
+            replay = None if routes_BTLK is None else routes_BTLK[:, :, i]
+            x, ids_BTK = layer(x, cos, sin, mask, kv_cache, i, replay)
+            used.append(ids_BTK)
+        routes_out = None if cfg.dense else torch.stack(used, dim=2)
+        if kv_cache is not None:
+            kv_cache.commit(valid_BT, routes_out)
+        x = self.model.norm(x)
+        return (x if return_hidden else self.lm_head(x)), routes_out
+
+
+def build_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    return Transformer(cfg).init_weights(seed)

@@ -1,0 +1,71 @@
+"""What this proves: the engine's log-probs and routes are those of its own (cast) weights, it stops on EOS with
+per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, and weight sync refreshes it."""
+import torch
+
+from r3.engine import Engine, fake_quant_e4m3, sample
+from r3.model import ModelConfig, build_model
+
+CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9]]
+
+
+def gen(engine, G=2, seed=0, **kw):
+    g = torch.Generator().manual_seed(seed)
+    return engine.generate(PROMPTS, max_new_tokens=10, eos_ids=(14,), pad_id=15, group_size=G, generator=g, **kw)
+
+
+def test_rollout_logp_and_routes_match_a_full_forward_of_the_engine_copy():
+    model = build_model(CFG, 0).init_weights(0, std=0.2)
+    engine = Engine(model, "fp32")
+    b = gen(engine)
+    logits, routes = engine.model(b.tokens[:, :-1], valid_BT=b.attn_mask[:, :-1])
+    logp = logits.log_softmax(-1).gather(-1, b.tokens[:, 1:, None])[..., 0]
+    m = b.loss_mask
+    assert (logp - b.rollout_logp)[m].abs().max() < 1e-5
+    assert torch.equal(routes[b.attn_mask[:, :-1]], b.routes.long()[b.attn_mask[:, :-1]])
+
+
+def test_eos_stops_each_sequence_and_pads_after():
+    model = build_model(CFG, 1).init_weights(1, std=0.2)
+    with torch.no_grad():  # make EOS likely so sequences end at different lengths
+        model.lm_head.weight[14] += 0.3 * model.model.norm.weight.sign()
+    b = gen(Engine(model, "fp32"), G=4, seed=3)
+    lengths = b.response_mask.sum(1)
+    assert lengths.min() < lengths.max()
+    for i in range(len(b)):
+        resp = b.tokens[i][b.response_mask[i]].tolist()
+        assert 14 not in resp[:-1]
+        after = b.tokens[i, b.response_mask[i].nonzero().max() + 1:]
+        assert (after == 15).all()
+        assert (b.rollout_logp[i][~b.loss_mask[i]] == 0).all()
+
+
+def test_group_prefill_is_computed_once_per_prompt():
+    b = gen(Engine(build_model(CFG), "bf16"), G=8)
+    assert b.meta["prefill_tokens_computed"] * 8 == b.meta["prefill_tokens_requested"]
+    Lp = b.meta["prompt_len"]
+    for p in range(3):  # every sample of a group shares the prompt's recorded routes
+        rows = b.routes[b.group == p, :Lp - 1]
+        assert (rows == rows[0]).all()
+
+
+def test_top_p_keeps_only_the_nucleus():
+    logp = torch.log(torch.tensor([[0.6, 0.3, 0.05, 0.05]])).expand(2000, 4)
+    s = sample(logp, 0.8, torch.Generator().manual_seed(0))
+    assert set(s.tolist()) == {0, 1}
+
+
+def test_sync_refreshes_engine_weights_and_fp8_is_quantised():
+    model = build_model(CFG, 0)
+    engine = Engine(model, "fp8")
+    w = engine.model.model.layers[0].self_attn.q_proj.weight
+    assert torch.equal(w, fake_quant_e4m3(model.model.layers[0].self_attn.q_proj.weight.to(torch.bfloat16)))
+    assert torch.equal(engine.model.model.layers[0].mlp.gate.weight,
+                       model.model.layers[0].mlp.gate.weight.to(torch.bfloat16))  # router stays bf16
+    with torch.no_grad():
+        model.lm_head.weight.add_(1.0)
+    engine.sync(model)
+    assert torch.equal(engine.model.lm_head.weight, fake_quant_e4m3(model.lm_head.weight.to(torch.bfloat16)))
+    assert len(torch.unique(engine.model.lm_head.weight.float() / engine.model.lm_head.weight.float().abs().max()
+                            )) <= 256
