@@ -1,0 +1,105 @@
+"""GRPO-family losses and the rollout-vs-train importance corrections. Each returns (value, metrics).
+
+Shape suffixes: B rows (responses), T input positions (T-1 of the Batch: position p scores token p+1).
+
+Advantages (`group_advantages`): A_i = (r_i − mean_g r) / (std_g r + ε) per GRPO group g (unbiased std, as TRL);
+`normalize_std=False` gives Dr. GRPO's A_i = r_i − mean_g r.
+
+Policy losses (`policy_loss`), ρ_t = π_θ(y_t) / π_old(y_t), with π_old the trainer's log-probs before the update:
+  grpo     token-level clipped surrogate  −min(ρ_t A, clip(ρ_t, 1−ε_low, 1+ε_high) A), averaged over all response
+           tokens of the batch ("token-mean", as DAPO/verl).
+  dr_grpo  the same surrogate summed per sequence and divided by a constant (rows × max response length):
+           Dr. GRPO's unbiased normalisation (use with `normalize_std=False`).
+  gspo     sequence ratio s_i = exp(mean_t log ρ_t), clipped at sequence level; the token gradient uses
+           s_i · π_θ(y_t)/sg[π_θ(y_t)] (GSPO-token form, equal to GSPO for a sequence-level advantage).
+
+Rollout correction (`--is-correction`), w_t = π_old(y_t) / π_rollout(y_t), the engine-vs-trainer mismatch ratio:
+  tis     multiply each token's loss by min(w_t, C)                        (truncated IS, Yao et al.)
+  icepop  multiply by w_t inside [1/C, C], drop tokens outside the band     (token-level mask, Ring-1T IcePop)
+  mis     drop whole sequences whose geometric-mean w is outside [1/C, C], weight the rest by it (sequence-level
+          masked IS, Liu et al.)
+R3 reduces w_t towards 1 at the source; these corrections reweight after the fact. They compose: --r3 --is tis.
+"""
+import math
+
+import torch
+
+
+def group_advantages(rewards_B: torch.Tensor, group_B: torch.Tensor, *, normalize_std: bool = True,
+                     eps: float = 1e-6) -> tuple[torch.Tensor, dict]:
+    groups = group_B.unique()
+    adv_B = torch.zeros_like(rewards_B, dtype=torch.float32)
+    stds = []
+    for g in groups:
+        m = group_B == g
+        r = rewards_B[m].float()
+        std = r.std() if r.numel() > 1 else torch.tensor(0.0)
+        stds.append(float(std))
+        adv_B[m] = (r - r.mean()) / (std + eps) if normalize_std else r - r.mean()
+    return adv_B, {"reward/group_std": sum(stds) / len(stds),
+                   "reward/zero_std_frac": sum(s == 0 for s in stds) / len(stds)}
+
+
+def correction_weights(old_logp_BT, rollout_logp_BT, mask_BT, *, kind: str, cap: float):
+    """Per-token weights and an extra mask for the rollout correction `kind` (see module docstring)."""
+    if kind == "none":
+        return torch.ones_like(old_logp_BT), mask_BT, {}
+    log_w = (old_logp_BT - rollout_logp_BT).detach().masked_fill(~mask_BT, 0.0)
+    w = log_w.exp()
+    if kind == "tis":
+        return w.clamp(max=cap), mask_BT, {"is/truncated_frac": _frac(w > cap, mask_BT)}
+    if kind == "icepop":
+        keep = (log_w.abs() <= math.log(cap)) & mask_BT
+        return w, keep, {"is/masked_frac": _frac(~keep, mask_BT)}
+    if kind == "mis":
+        n = mask_BT.sum(-1).clamp(min=1)
+        log_seq_B = log_w.sum(-1) / n
+        keep_B = log_seq_B.abs() <= math.log(cap)
+        w_seq = log_seq_B.exp()[:, None].expand_as(w)
+        seq_mask = mask_BT.any(-1)
+        return w_seq, mask_BT & keep_B[:, None], {
+            "is/masked_frac": float((~keep_B & seq_mask).sum() / seq_mask.sum().clamp(min=1))}
+    raise ValueError(f"unknown is-correction {kind!r}; choose from none, tis, icepop, mis")
+
+
+def _frac(x, mask) -> float:
+    return float((x & mask).sum() / mask.sum().clamp(min=1))
+
+
+def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor, *,
+                loss: str = "grpo", clip_low: float = 0.2, clip_high: float = 0.28,
+                rollout_logp_BT: torch.Tensor | None = None, is_correction: str = "none", is_cap: float = 2.0,
+                max_len: int | None = None) -> tuple[torch.Tensor, dict]:
+    mask = mask_BT.bool()
+    if is_correction != "none" and rollout_logp_BT is None:
+        raise ValueError(f"is-correction {is_correction!r} needs the rollout log-probs")
+    w_BT, mask, is_metrics = correction_weights(old_logp_BT, rollout_logp_BT if rollout_logp_BT is not None
+                                                else old_logp_BT, mask, kind=is_correction, cap=is_cap)
+    A = adv_B[:, None]
+    log_ratio = (logp_BT - old_logp_BT).masked_fill(~mask, 0.0)
+    if loss == "gspo":
+        n = mask.sum(-1).clamp(min=1)
+        log_s_B = log_ratio.sum(-1) / n
+        s_BT = (log_s_B.detach()[:, None] + logp_BT - logp_BT.detach()).exp()
+        clipped = s_BT.clamp(1 - clip_low, 1 + clip_high)
+        tok = -torch.minimum(s_BT * A, clipped * A) * w_BT
+        per_seq = (tok * mask).sum(-1) / n
+        has = mask.any(-1)
+        value = per_seq[has].sum() / has.sum().clamp(min=1)
+        seq_clipped = (s_BT[:, 0] - clipped[:, 0]).detach().abs() > 0
+        clip_frac = float(seq_clipped[has].float().mean()) if has.any() else 0.0
+        ratio_mean = float(log_s_B[has].detach().exp().mean()) if has.any() else 1.0
+    else:
+        ratio = log_ratio.exp()
+        clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+        tok = -torch.minimum(ratio * A, clipped * A) * w_BT
+        if loss == "grpo":
+            value = (tok * mask).sum() / mask.sum().clamp(min=1)
+        elif loss == "dr_grpo":
+            value = (tok * mask).sum() / (mask.shape[0] * (max_len or mask.shape[1]))
+        else:
+            raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")
+        clip_frac = _frac((ratio - clipped).abs() > 0, mask)
+        ratio_mean = float(ratio.detach()[mask].mean()) if mask.any() else 1.0
+    return value, {"grpo/loss": float(value), "grpo/clip_frac": clip_frac, "grpo/ratio_mean": ratio_mean,
+                   **is_metrics}
