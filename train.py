@@ -45,6 +45,7 @@ def parse_args(argv=None):
     a("--prompts-per-step", type=int, default=16, help="prompts per step")
     a("--group-size", type=int, default=8, help="samples per prompt (GRPO group size G)")
     a("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    a("--lr-warmup", type=int, default=10, help="linear learning-rate warm-up steps (fresh Adam state is jumpy)")
     a("--grad-clip", type=float, default=1.0, help="max grad norm (the logged grad_norm is before clipping)")
     a("--seed", type=int, default=0, help="seed for init, warm-up, data and sampling")
     a("--warmup-steps", type=int, default=60, help="supervised warm-up steps before RL (cached and shared)")
@@ -152,6 +153,7 @@ def main(argv=None):
         save_checkpoint(path, model=model, optimizer=opt, engine=engine, generators=gens, step=step_done,
                         extra=dict(guard=guard.state_dict()))
 
+    stopped_on = None
     bar = tqdm(range(start, args.steps), desc=f"{mode}/{args.rollout_dtype}", initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
@@ -178,6 +180,8 @@ def main(argv=None):
         mm = mismatch(old_logp, batch.rollout_logp, mask, own_routes, batch.routes, old_logp_V, batch.rollout_logits)
         replay_routes = {"none": None, "r3": batch.routes, "r2": old_routes}[args.replay]
         # 4. policy update
+        for group in opt.param_groups:
+            group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.lr_warmup))
         losses, grad_norms, loss_metrics = [], [], []
         for rows in torch.randperm(len(batch), generator=gens["data"]).chunk(args.mini_steps):
             logp, _, _ = token_logp(model, batch, rows, replay_routes, args.temperature)
@@ -222,10 +226,13 @@ def main(argv=None):
             tqdm.write(f"collapse guard: {', '.join(guard.new)} at step {step} (checkpoint saved)")
             if args.on_collapse == "stop":
                 save(step + 1)
+                stopped_on = guard.new
                 break
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save(step + 1)
     bar.close()
+    with open(os.path.join(out, "done.json"), "w") as f:
+        json.dump(dict(steps=len(read_metrics(metrics_path)), stopped_on=stopped_on), f)
     if not args.no_plot:
         plot_run(read_metrics(metrics_path), os.path.join(out, "metrics.png"), title=f"{out}")
         print(f"wrote {os.path.join(out, 'metrics.png')}")

@@ -1,0 +1,147 @@
+"""The headline result: no replay vs R3 over several seeds, arms differing only in --replay.
+
+  python experiments/collapse.py                      # 5 seeds x {none, r3}, the calibrated toy setting
+  python experiments/collapse.py --dose               # also: dose-response over rollout precision
+
+Every arm is `train.py <COMMON> --replay ARM --seed S --rollout-dtype D`; COMMON is printed and saved, identical for
+all arms. A run "collapses" at the first step the collapse guard reports reward_drop (reward EMA more than 0.3 below
+its running peak) or a non-finite loss/gradient. Writes OUT/collapse.{md,json,png} (and OUT/dose.{md,json,png}).
+Re-running resumes a partly finished sweep.
+"""
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from r3.sweep import read_jsonl, run_all, summarize  # noqa: E402
+
+COMMON = ("--task sort:6-10 --preset toy --warmup-steps 80 --prompts-per-step 16 --group-size 8 --lr 1e-3 "
+          "--mini-steps 4 --val-every 50")
+COLORS = {"none": "tab:red", "r3": "tab:blue", "r2": "tab:green"}
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds (each arm runs every one)")
+    p.add_argument("--arms", nargs="+", default=["none", "r3"], choices=["none", "r2", "r3"],
+                   help="the ablation set: replay modes to compare")
+    p.add_argument("--steps", type=int, default=300, help="RL steps per run")
+    p.add_argument("--rollout-dtype", default="fp8", help="rollout precision of the headline sweep")
+    p.add_argument("--common", default=COMMON, help="train.py flags shared by every arm")
+    p.add_argument("--dose", action="store_true", help="also sweep rollout precision fp32/fp16/bf16/fp8")
+    p.add_argument("--dose-seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds for the dose sweep")
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
+    p.add_argument("--out", default="results/collapse", help="output folder")
+    return p.parse_args()
+
+
+def fmt(x, spec=".3f"):
+    return "—" if x is None else format(x, spec)
+
+
+def sweep(args, dtype, seeds):
+    runs = [(os.path.join(args.out, "runs", f"{dtype}-{arm}-s{s}"),
+             [*shlex.split(args.common), "--replay", arm, "--seed", str(s), "--rollout-dtype", dtype])
+            for arm in args.arms for s in seeds]
+    run_all(runs, steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.out, "logs"))
+    return {(arm, s): read_jsonl(os.path.join(args.out, "runs", f"{dtype}-{arm}-s{s}", "metrics.jsonl"))
+            for arm in args.arms for s in seeds}
+
+
+def headline(args, rows):
+    summ = {k: summarize(v) for k, v in rows.items()}
+    lines = ["| arm | seed | final reward | best reward (EMA) | collapse step | max kl | max F(2) | max grad norm |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (arm, s), m in summ.items():
+        lines.append(f"| {arm} | {s} | {fmt(m['final_reward'])} | {fmt(m['best_reward_ema'])} | "
+                     f"{m['collapse_step'] if m['collapse_step'] is not None else '—'} | {fmt(m['max_kl'], '.2e')} | "
+                     f"{fmt(m['max_extreme_frac'], '.2%')} | {fmt(m['max_grad_norm'], '.1f')} |")
+    lines += ["", "| arm | collapsed | mean final reward | median max kl |", "|---|---|---|---|"]
+    for arm in args.arms:
+        ms = [m for (a, _), m in summ.items() if a == arm]
+        kls = sorted(m["max_kl"] for m in ms)
+        lines.append(f"| {arm} | {sum(m['collapse_step'] is not None for m in ms)} of {len(ms)} | "
+                     f"{fmt(sum(m['final_reward'] for m in ms) / len(ms))} | {fmt(kls[len(kls) // 2], '.2e')} |")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    for (arm, s), r in rows.items():
+        steps = [x["step"] for x in r]
+        for ax, key in zip(axes, ("reward", "kl", "extreme_frac")):
+            ax.plot(steps, [x[key] for x in r], color=COLORS[arm], alpha=0.7, lw=0.8,
+                    label=arm if s == args.seeds[0] else None)
+    for ax, (key, log) in zip(axes, (("reward", False), ("mismatch kl (k3)", True), ("F(2)", False))):
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.legend()
+        if log:
+            ax.set_yscale("log")
+    fig.suptitle(f"{args.rollout_dtype} rollout, {len(args.seeds)} seeds; every arm: {args.common}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "collapse.png"), dpi=110)
+    return "\n".join(lines), {f"{a}-s{s}": m for (a, s), m in summ.items()}
+
+
+def dose(args):
+    table, data = [], {}
+    for dtype in ("fp32", "fp16", "bf16", "fp8"):
+        rows = sweep(args, dtype, args.dose_seeds)
+        for arm in args.arms:
+            ms = [summarize(r) for (a, _), r in rows.items() if a == arm]
+            data[f"{dtype}-{arm}"] = dict(collapse_rate=sum(m["collapse_step"] is not None for m in ms) / len(ms),
+                                          mean_kl=sum(m["mean_kl"] for m in ms) / len(ms),
+                                          max_kl=max(m["max_kl"] for m in ms),
+                                          final_reward=sum(m["final_reward"] for m in ms) / len(ms))
+    table = ["| rollout | arm | collapse rate | mean kl | max kl | mean final reward |", "|---|---|---|---|---|---|"]
+    for k, d in data.items():
+        dtype, arm = k.split("-")
+        table.append(f"| {dtype} | {arm} | {d['collapse_rate']:.0%} | {d['mean_kl']:.2e} | {d['max_kl']:.2e} | "
+                     f"{d['final_reward']:.3f} |")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    dts = ["fp32", "fp16", "bf16", "fp8"]
+    for arm in args.arms:
+        axes[0].plot(dts, [data[f"{d}-{arm}"]["mean_kl"] for d in dts], "o-", color=COLORS[arm], label=arm)
+        axes[1].plot(dts, [data[f"{d}-{arm}"]["collapse_rate"] for d in dts], "o-", color=COLORS[arm], label=arm)
+    axes[0].set_yscale("log")
+    axes[0].set_title("mean mismatch kl over the run")
+    axes[1].set_title(f"collapse rate ({len(args.dose_seeds)} seeds)")
+    for ax in axes:
+        ax.set_xlabel("rollout precision (mismatch dial)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "dose.png"), dpi=110)
+    return "\n".join(table), data
+
+
+def main():
+    args = parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    print(f"every arm: train.py {args.common} --steps {args.steps} --rollout-dtype D --seed S --replay ARM")
+    table, data = headline(args, sweep(args, args.rollout_dtype, args.seeds))
+    print(table)
+    with open(os.path.join(args.out, "collapse.md"), "w") as f:
+        f.write(f"common flags: `{args.common} --steps {args.steps} --rollout-dtype {args.rollout_dtype}`\n\n")
+        f.write(table + "\n")
+    with open(os.path.join(args.out, "collapse.json"), "w") as f:
+        json.dump(dict(common=args.common, steps=args.steps, rollout_dtype=args.rollout_dtype, runs=data), f,
+                  indent=1)
+    if args.dose:
+        table, data = dose(args)
+        print(table)
+        with open(os.path.join(args.out, "dose.md"), "w") as f:
+            f.write(f"common flags: `{args.common} --steps {args.steps}`\n\n{table}\n")
+        with open(os.path.join(args.out, "dose.json"), "w") as f:
+            json.dump(data, f, indent=1)
+    print(f"wrote {args.out}/collapse.(md|json|png){' and dose.*' if args.dose else ''} in {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

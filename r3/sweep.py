@@ -1,0 +1,81 @@
+"""Run many `train.py` arms as subprocesses (in parallel, one thread each) and summarise their metrics.
+
+Used by experiments/collapse.py and experiments/ablations.py. Every arm is one `train.py` command line; arms of one
+ablation share every flag but the one under study. A sweep resumes: finished runs are skipped, partial ones are
+continued with `--resume` (which is bit-identical on CPU).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from tqdm import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLLAPSE_SYMPTOMS = ("reward_drop", "nonfinite")  # what counts as a collapse in tables (others are precursors)
+
+
+def read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def is_done(out: str, steps: int) -> bool:
+    """train.py writes done.json when it reaches --steps or stops on collapse."""
+    if not os.path.exists(os.path.join(out, "done.json")):
+        return False
+    with open(os.path.join(out, "done.json")) as f:
+        done = json.load(f)
+    return done["stopped_on"] is not None or done["steps"] >= steps
+
+
+def run_all(runs: list[tuple[str, list[str]]], *, steps: int, jobs: int = 2, log_dir: str) -> None:
+    """runs: (out_dir, train.py args without --out). Runs up to `jobs` at once; a failed run raises."""
+    os.makedirs(log_dir, exist_ok=True)
+    todo = [(out, args) for out, args in runs if not is_done(out, steps)]
+    skipped = len(runs) - len(todo)
+    if skipped:
+        print(f"{skipped} of {len(runs)} runs already finished; skipping them")
+    running: list[tuple[subprocess.Popen, str, object]] = []
+    bar = tqdm(total=len(todo), desc="runs")
+    while todo or running:
+        while todo and len(running) < jobs:
+            out, args = todo.pop(0)
+            log = open(os.path.join(log_dir, os.path.basename(out) + ".log"), "w")
+            cmd = [sys.executable, os.path.join(ROOT, "train.py"), *args, "--steps", str(steps), "--out", out,
+                   "--resume", "--quiet", "--no-plot", "--threads", "1"]
+            running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out, log))
+        time.sleep(0.5)
+        for item in list(running):
+            p, out, log = item
+            if p.poll() is not None:
+                log.close()
+                running.remove(item)
+                bar.update(1)
+                if p.returncode != 0:
+                    for q, _, _ in running:
+                        q.kill()
+                    raise RuntimeError(f"run {out} failed (exit {p.returncode}); see {log.name}")
+    bar.close()
+
+
+def summarize(rows: list[dict], tail: int = 20) -> dict:
+    """Per-run numbers for the tables: final/best reward, first collapse step, mismatch peaks."""
+    if not rows:
+        return {}
+    collapse = next((r["step"] for r in rows if set(r.get("symptoms", [])) & set(COLLAPSE_SYMPTOMS)), None)
+    fin = [r["reward"] for r in rows[-tail:]]
+    ema, best = None, float("-inf")
+    for r in rows:
+        ema = r["reward"] if ema is None else 0.9 * ema + 0.1 * r["reward"]
+        best = max(best, ema)
+    finite = lambda k: [r[k] for r in rows if r.get(k) is not None and r[k] == r[k]]  # noqa: E731
+    return dict(steps=len(rows), final_reward=sum(fin) / len(fin), best_reward_ema=best, collapse_step=collapse,
+                max_kl=max(finite("kl"), default=None), mean_kl=sum(finite("kl")) / max(1, len(finite("kl"))),
+                max_extreme_frac=max(finite("extreme_frac"), default=None),
+                max_grad_norm=max(finite("grad_norm"), default=None),
+                mean_router_flip_rate=(sum(finite("router_flip_rate")) / len(finite("router_flip_rate"))
+                                       if finite("router_flip_rate") else None))
