@@ -225,8 +225,10 @@ def _place(hf_key, t, want, out, filled, dtype, device, fn):
         if tuple(x.shape) != tuple(expect):
             raise CheckpointError(f"{fn}: {hf_key!r} has shape {tuple(x.shape)}, the model needs {tuple(expect)}")
         if key not in out:
-            out[key] = x.to(device=device, dtype=dtype).contiguous() if slot is None else torch.empty(shape, dtype=dtype,
-                                                                                        device=device)
+            if slot is None:
+                out[key] = x.to(device=device, dtype=dtype).contiguous()
+            else:
+                out[key] = torch.empty(shape, dtype=dtype, device=device)
             filled[key] = torch.zeros(E, dtype=torch.bool)
         elif slot is None or filled[key][slot]:
             raise CheckpointError(f"{fn}: duplicate key {hf_key!r}")
