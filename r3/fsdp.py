@@ -19,8 +19,8 @@ unchanged, so state dicts stay HF-named. The root is not resharded after forward
 `model.lm_head.weight` is the full tensor between forward and backward, as `chunked_logprobs` needs.
 
 Left out on purpose: tensor/expert parallelism, HSDP, CPU offload of parameters, and sharded (DCP) checkpoints.
-Loading broadcasts from rank 0, so rank 0 needs host memory for the whole model in the load dtype
-(~61 GB in bf16 for Qwen3-30B-A3B).
+Loading broadcasts from rank 0, so rank 0 needs host memory for the whole model in the checkpoint's dtype
+(~61 GB in bf16 for Qwen3-30B-A3B); the other ranks read nothing.
 """
 import os
 
@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from r3.hf import read_state_dict
+from r3.hf import load_config, read_state_dict
 from r3.model import ModelConfig, Transformer
 
 
@@ -82,18 +82,24 @@ def apply_fsdp(model: Transformer, *, mp: bool = True, param_dtype: torch.dtype 
 
 
 def load_full_state_dict_broadcast(model: Transformer, path_or_state: str | dict | None, *,
-                                   dtype: torch.dtype = torch.float32) -> None:
+                                   dtype: torch.dtype | None = None) -> None:
     """Fill a sharded (possibly `to_empty`) model from a full state dict that only rank 0 reads.
 
     path_or_state on rank 0: an HF checkpoint folder (read with the strict loader of `r3.hf`) or a full state
     dict in our names; on other ranks it is ignored (pass None). Each rank keeps only its shards.
+    dtype: what rank 0 reads the file as; None = the checkpoint's stored dtype (bf16 for Qwen3: half the host
+    memory of fp32). The values are then copied into the model's own (e.g. fp32 master) parameters.
     """
     rank = dist.get_rank() if is_distributed() else 0
     sd = {}
     if rank == 0:
         if path_or_state is None:
             raise ValueError("rank 0 needs the checkpoint path or a full state dict")
-        sd = read_state_dict(path_or_state, model, dtype=dtype) if isinstance(path_or_state, str) else path_or_state
+        if isinstance(path_or_state, str):
+            dtype = dtype or load_config(path_or_state)[1] or torch.float32
+            sd = read_state_dict(path_or_state, model, dtype=dtype)
+        else:
+            sd = path_or_state
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=is_distributed(), strict=True)
     set_model_state_dict(model, sd, options=opts)
 

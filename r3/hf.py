@@ -255,23 +255,24 @@ def load_pretrained(path: str, *, dtype: torch.dtype | None = None,
 
 
 def save_pretrained(model: Transformer, path: str, *, max_shard_size: int | str = "5GB",
-                    state_dict: dict | None = None) -> None:
+                    state_dict: dict | None = None, dtype: torch.dtype | None = None) -> None:
     """Write an HF-layout checkpoint (config.json, shards, index) that `Qwen3MoeForCausalLM.from_pretrained` reads.
 
     state_dict: our-named full tensors to write instead of `model`'s own (e.g. gathered from FSDP on rank 0).
+    dtype: cast each tensor as it is written (e.g. bf16 from fp32 master weights); None keeps it.
     """
     sd = model.state_dict() if state_dict is None else state_dict
-    dtype = next(iter(sd.values())).dtype
+    dtype = dtype or next(iter(sd.values())).dtype
     limit = _parse_size(max_shard_size)
     os.makedirs(path, exist_ok=True)
     shards, cur, size = [], {}, 0
     for name, t in sd.items():
         for key, x in hf_items(name, t):
-            n = x.numel() * x.element_size()
+            n = x.numel() * dtype.itemsize
             if cur and size + n > limit:
                 shards.append(cur)
                 cur, size = {}, 0
-            cur[key] = x.detach().to("cpu").contiguous()
+            cur[key] = x.detach().to(device="cpu", dtype=dtype).contiguous()
             size += n
     shards.append(cur)
     total = sum(x.numel() * x.element_size() for s in shards for x in s.values())

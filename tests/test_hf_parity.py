@@ -11,8 +11,7 @@ from safetensors.torch import load_file, save_file
 from r3.hf import CheckpointError, config_from_hf, load_pretrained, save_pretrained
 from r3.model import ModelConfig, build_model
 
-transformers = pytest.importorskip("transformers")  # tests/requirements.txt pins it; CI installs it
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # tests/requirements.txt; never skipped
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=128,
             rope_theta=1e6, rms_norm_eps=1e-6)
@@ -204,3 +203,7 @@ def test_save_pretrained_round_trips_and_hf_reads_it(tmp_path):
     with torch.no_grad():
         got, routes = ours(ids)
     assert (got - want).abs().max() <= FP32_TOL and torch.equal(routes, hf_routes.long())
+    save_pretrained(ours, str(tmp_path / "bf16"), dtype=torch.bfloat16)  # one file, cast while writing
+    assert json.load(open(tmp_path / "bf16" / "config.json"))["torch_dtype"] == "bfloat16"
+    half = load_pretrained(str(tmp_path / "bf16"))  # dtype None: the stored one
+    assert all(torch.equal(a.to(torch.bfloat16), b) for a, b in zip(ours.parameters(), half.parameters()))
