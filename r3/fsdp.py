@@ -108,6 +108,8 @@ def gather_full_state_dict(model: Transformer, *, rank0_only: bool = True) -> di
     """Full (unsharded) CPU tensors in our names: on rank 0 only ({} elsewhere), or on every rank.
 
     Every rank must call it (it all-gathers). Write it with `r3.hf.save_pretrained(model, path, state_dict=sd)`.
+    rank0_only=False puts a full copy on every rank (on the GPU first): fine for toy models and for syncing an
+    in-process `Engine`, not for a 30B model.
     """
     if not is_distributed():
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}

@@ -192,14 +192,19 @@ def read_state_dict(path: str, model: Transformer, *, dtype: torch.dtype,
     out: dict[str, torch.Tensor] = {}
     filled: dict[str, torch.Tensor] = {}  # per our key: which expert slots (or [whole]) have been written
     for fn in shard_files(path):
-        try:
-            with safe_open(fn, framework="pt", device="cpu") as f:
-                for hf_key in f.keys():
-                    _place(hf_key, f.get_tensor(hf_key), want, out, filled, dtype, device, fn)
-        except CheckpointError:
-            raise
-        except Exception as e:  # safetensors raises its own types for truncated / corrupt files
+        try:  # safetensors raises its own error types for truncated / corrupt files
+            f = safe_open(fn, framework="pt", device="cpu")
+            keys = list(f.keys())
+        except Exception as e:
             raise CheckpointError(f"{fn}: corrupt or truncated safetensors shard ({type(e).__name__}: {e})") from e
+        for hf_key in keys:
+            try:
+                t = f.get_tensor(hf_key)
+            except Exception as e:
+                raise CheckpointError(f"{fn}: corrupt or truncated safetensors shard: cannot read {hf_key!r} "
+                                      f"({type(e).__name__}: {e})") from e
+            _place(hf_key, t, want, out, filled, dtype, device, fn)
+        del f
     missing = [_hf_name(k, None) for k in want if k not in filled]
     missing += [_hf_name(k, e) for k, m in filled.items() for e in (~m).nonzero()[:, 0].tolist()]
     if missing:

@@ -109,6 +109,23 @@ def test_config_accepts_4x_and_5x_names():
     assert config_from_hf(v5)[0].norm_topk_prob is False  # the HF class default, not ours
 
 
+QWEN3_30B_A3B_CONFIG = {  # Qwen/Qwen3-30B-A3B config.json as published (transformers 4.51 names)
+    "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": False, "rms_norm_eps": 1e-06,
+    "rope_scaling": None, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936}
+
+
+def test_qwen3_30b_a3b_config_is_supported():
+    from r3.memory import QWEN3_30B_A3B
+    assert config_from_hf(QWEN3_30B_A3B_CONFIG) == (QWEN3_30B_A3B, torch.bfloat16)
+
+
 @pytest.mark.parametrize("field, value", [
     ("architectures", ["Qwen2MoeForCausalLM"]), ("mlp_only_layers", [0]), ("decoder_sparse_step", 2),
     ("tie_word_embeddings", True), ("use_sliding_window", True), ("attention_bias", True),
