@@ -1,0 +1,126 @@
+"""`--task jsonl:FILE`: questions from a JSON-lines file, rewarded by exact match of the last \\boxed{...} answer.
+
+File format: one JSON object per line with a string field `prompt` (the question, as the user would ask it) and a
+field `answer` (the reference: a string, or a number, which is turned into a string). Blank lines are skipped.
+Other field names: `jsonl:FILE:QUESTION_KEY:ANSWER_KEY`, e.g. `jsonl:gsm8k.jsonl:question:solution`.
+
+Prompts are wrapped in the checkpoint tokenizer's ChatML template (`r3.hf.Tokenizer.encode_chat`). The reward is
+1.0 when the content of the response's last `\\boxed{...}` (nested braces allowed) equals the reference with all
+whitespace removed, else 0.0; a reference that itself contains \\boxed{...} is compared by its boxed content.
+A response whose last \\boxed is never closed (cut off by the length limit) scores 0.
+
+Same interface as the toy tasks (`r3.tasks.Task`): `sample(n, generator)` → examples with `.prompt` token ids,
+`reward(response_ids, example)` → (reward, info), `max_new_tokens`, `name`.
+"""
+import json
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from r3.hf import Tokenizer
+
+
+@dataclass(frozen=True)
+class JsonlExample:
+    prompt: list[int]  # chat-formatted token ids
+    question: str
+    answer: str  # the reference, as written in the file
+
+
+def last_boxed(text: str) -> str | None:
+    r"""Content of the last \boxed{...} in `text` (nested braces kept), or of `\boxed x`; None if none or unclosed."""
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    i = start + len("\\boxed")
+    if text[i:i + 1] == " ":  # `\boxed 5`: up to the next whitespace or `$`
+        m = re.match(r" +([^\s$]+)", text[i:])
+        return m[1] if m else None
+    if text[i:i + 1] != "{":
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j]
+    return None
+
+
+def normalize(answer: str) -> str:
+    return re.sub(r"\s+", "", answer)
+
+
+def boxed_reward(response_text: str, reference: str) -> tuple[float, dict]:
+    """1.0 if the last \\boxed content equals the reference (whitespace removed), else 0.0; info says why."""
+    got = last_boxed(response_text)
+    ref = last_boxed(reference) if "\\boxed" in reference else reference
+    exact = got is not None and ref is not None and normalize(got) == normalize(ref)
+    return float(exact), dict(exact=exact, has_boxed=got is not None, extracted=got)
+
+
+def read_jsonl(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[tuple[str, str]]:
+    """(question, answer) pairs; a bad line raises ValueError naming the file, line and field."""
+    rows = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+            for key in (prompt_key, answer_key):
+                if key not in obj:
+                    raise ValueError(f"{path}:{n}: missing field {key!r} (fields: {sorted(obj)})")
+            q, a = obj[prompt_key], obj[answer_key]
+            if not isinstance(q, str):
+                raise ValueError(f"{path}:{n}: field {prompt_key!r} must be a string, got {type(q).__name__}")
+            if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+                raise ValueError(f"{path}:{n}: field {answer_key!r} must be a string or number, "
+                                 f"got {type(a).__name__}")
+            rows.append((q, str(a)))
+    if not rows:
+        raise ValueError(f"{path}: no examples")
+    return rows
+
+
+class JsonlTask:
+    name = "jsonl"
+
+    def __init__(self, path: str, tokenizer: Tokenizer, *, prompt_key: str = "prompt", answer_key: str = "answer",
+                 max_new_tokens: int = 1024):
+        self.path, self.tokenizer, self.max_new_tokens = path, tokenizer, max_new_tokens
+        self.rows = read_jsonl(path, prompt_key, answer_key)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def example(self, i: int) -> JsonlExample:
+        q, a = self.rows[i]
+        return JsonlExample(self.tokenizer.encode_chat(q), q, a)
+
+    def sample(self, n: int, g: torch.Generator) -> list[JsonlExample]:
+        """n examples drawn uniformly with replacement (the generator fixes the order, as for the toy tasks)."""
+        return [self.example(i) for i in torch.randint(0, len(self.rows), (n,), generator=g).tolist()]
+
+    def reward(self, response: list[int], ex: JsonlExample) -> tuple[float, dict]:
+        """response: generated ids, EOS included if produced; special tokens are dropped before matching."""
+        return boxed_reward(self.tokenizer.decode(response), ex.answer)
+
+
+def make_jsonl_task(spec: str, tokenizer: Tokenizer, max_new_tokens: int = 1024) -> JsonlTask:
+    """'jsonl:FILE' or 'jsonl:FILE:QUESTION_KEY:ANSWER_KEY'."""
+    if not spec.startswith("jsonl:"):
+        raise ValueError(f"not a jsonl task spec: {spec!r} (want jsonl:FILE or jsonl:FILE:QUESTION_KEY:ANSWER_KEY)")
+    rest = spec[len("jsonl:"):]
+    path, keys = rest, ("prompt", "answer")
+    parts = rest.rsplit(":", 2)
+    if not os.path.exists(rest) and len(parts) == 3:
+        path, keys = parts[0], (parts[1], parts[2])
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"task file {path!r} (from {spec!r}) does not exist")
+    return JsonlTask(path, tokenizer, prompt_key=keys[0], answer_key=keys[1], max_new_tokens=max_new_tokens)
