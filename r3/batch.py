@@ -19,7 +19,8 @@ Routes are stored encoded (`r3/routing.py`; default codec `rank`, the informatio
 tensor `routes`, with the codec, shape and expert count in the safetensors header (`r3.routes_*` metadata) and
 mirrored in the manifest. A set codec returns each row's ids ascending; replay does not depend on their order.
 Version-1 folders (raw routes tensor) still load. `load_rollouts` reads one or many folders and validates them
-against a model config, naming the folder and row of anything that does not fit.
+against a model config, naming the folder and row of anything that does not fit. `batch_from_samples` builds a
+Batch from external-engine samples (SGLang / vLLM, see `r3/routing.py`).
 """
 import json
 import os
@@ -30,7 +31,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from r3.moe import RoutesError, check_routes
-from r3.routing import CODECS, DEFAULT_FILE_CODEC, decode_routes, encode_routes
+from r3.routing import CODECS, DEFAULT_FILE_CODEC, EngineSample, decode_routes, encode_routes, fit_routes, \
+    routes_dtype
 
 TENSORS = ("tokens", "attn_mask", "response_mask", "rollout_logp", "rewards", "group")
 
@@ -208,3 +210,43 @@ def _validate_against(b: Batch, cfg, where: str, require_routes: bool) -> None:
             except RoutesError as e:
                 raise RoutesError(f"{where}: row {r} (group {int(b.group[r])}): {e}") from e
         raise
+
+
+def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: dict | None = None) -> Batch:
+    """Lay engine samples out as our Batch (prompts left padded, outputs right padded), as Engine.generate does.
+
+    Positions without a token get the distinct dummy ids 0..K-1 (outside loss_mask). rollout_logp is 0 where the
+    engine gave no log-probs (meta["rollout_logp_missing"] lists those rows).
+    """
+    if not samples:
+        raise ValueError("batch_from_samples needs at least one sample")
+    B, K = len(samples), cfg.num_experts_per_tok
+    Lp, N = max(len(s.prompt_ids) for s in samples), max(len(s.output_ids) for s in samples)
+    T = Lp + N
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.bool)
+    resp = torch.zeros(B, T, dtype=torch.bool)
+    logp = torch.zeros(B, T - 1)
+    routes = torch.arange(K).expand(B, T - 1, cfg.num_hidden_layers, K).clone()
+    missing = []
+    for i, s in enumerate(samples):
+        p, n = len(s.prompt_ids), len(s.output_ids)
+        o = Lp - p
+        where = f"sample {i}"
+        if n == 0:
+            raise ValueError(f"{where}: no output tokens")
+        fit_routes(s.routes, cfg, p + n, where)
+        tokens[i, o:Lp + n] = torch.tensor(s.prompt_ids + s.output_ids)
+        attn[i, o:Lp + n] = True
+        resp[i, Lp:Lp + n] = True
+        routes[i, o:o + p + n - 1] = s.routes
+        if s.output_logp is None:
+            missing.append(i)
+        elif len(s.output_logp) != n:
+            raise ValueError(f"{where}: {len(s.output_logp)} log-probs for {n} output tokens")
+        else:
+            logp[i, Lp - 1:Lp - 1 + n] = torch.tensor(s.output_logp)
+    meta = dict(meta or {}, prompt_len=Lp, num_experts=cfg.num_experts, rollout_logp_missing=missing)
+    return Batch(tokens=tokens, attn_mask=attn, response_mask=resp, rollout_logp=logp,
+                 routes=routes.to(routes_dtype(cfg.num_experts)), rewards=torch.tensor([s.reward for s in samples]),
+                 group=torch.tensor([s.group for s in samples]), meta=meta)

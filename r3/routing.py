@@ -36,13 +36,16 @@ Engine formats, as found in their sources (search over public code, 2026-11):
           routed_experts_capturer.py (int32 buffers; vLLM 0.26 picks uint8 for <= 256 experts, verl#7880). It covers
           prompt + output minus the last sampled token, which is never fed (prime-rl `align_routed_experts`).
 Our Batch keeps routes [B, T-1, L, K] by input position, the same convention, so no final position is invented.
-Positions that hold no token (batch padding) get the distinct dummy ids 0..K-1, never zeros: K equal zeros is not a
-valid top-k set (a known production bug) and padding is outside `loss_mask` anyway.
+Slots an engine never fed get the distinct dummy ids 0..K-1, never zeros (K equal zeros is not a valid top-k set:
+a known production bug): batch padding, and the last token of a row shorter than the batch (an input position in
+our layout whose logits score padding). Both lie outside `loss_mask`. `sglang_sample` / `vllm_sample` build an
+`EngineSample`; `r3.batch.batch_from_samples` lays samples out as a Batch exactly as `Engine.generate` does.
 """
 import base64
 import binascii
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -279,3 +282,103 @@ def decode_routes(data: torch.Tensor, codec: str, shape: tuple[int, ...], num_ex
     if codec not in SET_CODECS:
         _check_ids(ids_NK, num_experts, where)
     return ids_NK.to(routes_dtype(num_experts)).view(shape)
+
+
+# ---- import from inference engines -----------------------------------------------------------------------------
+
+@dataclass
+class EngineSample:
+    """One sampled sequence from an external engine: routes [len(prompt) + len(output) - 1, L, K] by input position."""
+    prompt_ids: list[int]
+    output_ids: list[int]
+    routes: torch.Tensor
+    output_logp: list[float] | None = None
+    reward: float = 0.0
+    group: int = 0
+
+
+def fit_routes(routes: torch.Tensor, cfg, n_tokens: int, where: str) -> torch.Tensor:
+    L, K, E = cfg.num_hidden_layers, cfg.num_experts_per_tok, cfg.num_experts
+    if cfg.dense:
+        raise RoutesError(f"{where}: the model config is dense; it has no routes to import")
+    if tuple(routes.shape) != (n_tokens - 1, L, K):
+        raise RoutesError(f"{where}: routes shape {tuple(routes.shape)} but {n_tokens} tokens on a model with {L} "
+                          f"layers and top-{K} need [{n_tokens - 1}, {L}, {K}] (one row per fed position)")
+    try:
+        check_routes(routes[None], batch=1, seq=n_tokens - 1, num_layers=L, top_k=K, num_experts=E)
+    except RoutesError as e:
+        raise RoutesError(f"{where}: {e}") from e
+    return routes.long()
+
+
+def decode_sglang_routes(meta_info: dict, cfg, *, seq_len: int, prev_routes: torch.Tensor | None = None,
+                         start_len: int | None = None) -> torch.Tensor:
+    """SGLang `meta_info` -> routes [seq_len - 1, L, K] (int64), validated against `cfg` (a ModelConfig).
+
+    seq_len: prompt + output tokens. With `routed_experts_start_len` S > 0 (the request's value; read from
+    meta_info when not given) the payload covers positions [S, seq_len - 1) only: `prev_routes` (an earlier turn's
+    routes of the same conversation, >= S rows) supplies positions [0, S).
+    """
+    where = "SGLang meta_info['routed_experts']"
+    if not isinstance(meta_info, dict) or meta_info.get("routed_experts") is None:
+        raise RoutesError(f"{where} is missing: start the server with --enable-return-routed-experts and send "
+                          f"return_routed_experts=True")
+    S = int(meta_info.get("routed_experts_start_len", 0) if start_len is None else start_len)
+    dtype_name = meta_info.get("routed_experts_dtype") or "int32"
+    if dtype_name not in _WIRE_DTYPES:
+        raise RoutesError(f"{where}: unknown routed_experts_dtype {dtype_name!r}; known: {sorted(_WIRE_DTYPES)}")
+    try:
+        raw = base64.b64decode(meta_info["routed_experts"], validate=True)
+    except (binascii.Error, TypeError, ValueError) as e:
+        raise RoutesError(f"{where}: not valid base64 ({e})") from e
+    item = torch.empty(0, dtype=_WIRE_DTYPES[dtype_name]).element_size()
+    L, K = cfg.num_hidden_layers, cfg.num_experts_per_tok
+    if len(raw) % (item * L * K):
+        raise RoutesError(f"{where}: {len(raw)} bytes is not a whole number of [{L}, {K}] {dtype_name} rows")
+    flat = torch.frombuffer(bytearray(raw), dtype=_WIRE_DTYPES[dtype_name]) if raw else torch.zeros(0)
+    new = flat.long().view(-1, L, K)
+    if not 0 <= S <= seq_len - 1 or new.shape[0] != seq_len - 1 - S:
+        raise RoutesError(f"{where}: {new.shape[0]} rows but positions [{S}, {seq_len - 1}) of a {seq_len}-token "
+                          f"sequence need {seq_len - 1 - S} (routed_experts_start_len={S})")
+    if S:
+        if prev_routes is None or prev_routes.shape[0] < S:
+            have = None if prev_routes is None else prev_routes.shape[0]
+            raise RoutesError(f"{where}: the payload starts at position {S} (routed_experts_start_len); pass the "
+                              f"earlier routes of this conversation as prev_routes (>= {S} rows, got {have})")
+        new = torch.cat([prev_routes[:S].long(), new])
+    return fit_routes(new, cfg, seq_len, where)
+
+
+def sglang_sample(prompt_ids: list[int], response: dict, cfg, *, prev_routes: torch.Tensor | None = None,
+                  start_len: int | None = None, reward: float = 0.0, group: int = 0) -> EngineSample:
+    """One SGLang /generate response (`{"output_ids", "meta_info"}`) for the request's `prompt_ids`."""
+    meta = response.get("meta_info", {})
+    lp = meta.get("output_token_logprobs")  # [(logprob, token_id, text), ...] when return_logprob=True
+    out = response.get("output_ids")
+    if out is None and lp is not None:
+        out = [int(x[1]) for x in lp]
+    if out is None:
+        raise ValueError("SGLang response has neither output_ids nor meta_info.output_token_logprobs")
+    if lp is not None and len(lp) != len(out):
+        raise ValueError(f"SGLang response: {len(lp)} output_token_logprobs for {len(out)} output tokens")
+    routes = decode_sglang_routes(meta, cfg, seq_len=len(prompt_ids) + len(out), prev_routes=prev_routes,
+                                  start_len=start_len)
+    logp = None if lp is None else [float(x[0]) for x in lp]
+    return EngineSample(list(prompt_ids), list(out), routes, logp, reward, group)
+
+
+def vllm_sample(prompt_ids: list[int], completion, cfg, *, reward: float = 0.0, group: int = 0) -> EngineSample:
+    """One vLLM `CompletionOutput` (token_ids, routed_experts [n - 1, L, K], logprobs) for `prompt_ids`."""
+    where = "vLLM CompletionOutput.routed_experts"
+    if getattr(completion, "routed_experts", None) is None:
+        raise RoutesError(f"{where} is None: build the engine with enable_return_routed_experts=True")
+    routes = torch.as_tensor(completion.routed_experts)
+    if routes.dtype.is_floating_point or routes.dtype == torch.bool or routes.dim() != 3:
+        raise RoutesError(f"{where}: expected an integer array [seq_len - 1, layers, k], got {routes.dtype} "
+                          f"{tuple(routes.shape)}")
+    out = list(completion.token_ids)
+    routes = fit_routes(routes.long(), cfg, len(prompt_ids) + len(out), where)
+    logp = None
+    if getattr(completion, "logprobs", None):  # one {token_id: Logprob} dict per output token
+        logp = [float(getattr(d[t], "logprob", d[t])) for d, t in zip(completion.logprobs, out)]
+    return EngineSample(list(prompt_ids), out, routes, logp, reward, group)
