@@ -192,8 +192,8 @@ def _validate_against(b: Batch, cfg, where: str, require_routes: bool) -> None:
     if bad.any():
         r = int(bad.any(1).nonzero()[0, 0])
         raise ValueError(f"{where}: row {r} has token ids outside the vocabulary [0, {cfg.vocab_size})")
-    if b.routes is None:
-        if require_routes:
+    if b.routes is None or cfg.dense:  # a dense model has no router: any routes are unused
+        if require_routes and not cfg.dense:
             raise RoutesError(f"{where}: rows 0..{B - 1} have no routes (recorded without routes?); "
                               f"R3 replay needs them")
         return

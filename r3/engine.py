@@ -116,6 +116,8 @@ class Engine:
         SGLang's `routed_experts_start_len`. The returned Batch covers the whole conversation; `response_mask`
         marks every sampled response, not the turn tokens. meta counts prefill slots: computed (the new chunk),
         requested (what a fresh prefill of the conversation would compute), reused (requested - computed).
+        The cache is appended to (grown by copy when full): continue from the (batch, cache) pair returned last.
+        Rewards restart at 0 and rollout_logits are not kept.
         """
         cfg, dev = self.model.cfg, batch.tokens.device
         B, T = batch.tokens.shape

@@ -272,7 +272,7 @@ def decode_routes(data: torch.Tensor, codec: str, shape: tuple[int, ...], num_ex
             mask = mask[:, :num_experts]
         ids_NK = _mask_to_ids(mask, K, where)
     elif codec in ("int32", "uint8"):
-        ids_NK = data.view(torch.int32 if codec == "int32" else torch.uint8).view(N, K).long()
+        ids_NK = (data.clone().view(torch.int32) if codec == "int32" else data).view(N, K).long()  # clone: align
     elif codec == "packed":
         b = id_bits(num_experts)
         ids_NK = _int_of(_unpack_bits(data, N * K * b, where).view(N, K, b)) if b else torch.zeros(N, K).long()

@@ -107,6 +107,12 @@ def test_save_load_round_trip_every_codec(tmp_path, codec):
     assert manifest["routes_codec"] == codec and manifest["routes_num_experts"] == CFG.num_experts
 
 
+def test_decode_accepts_an_unaligned_payload():  # safetensors may hand back a view at any byte offset
+    ids = random_routes(6, 8, 2)
+    data = torch.cat([torch.zeros(1, dtype=torch.uint8), encode_routes(ids, "int32", 8)])[1:]
+    assert torch.equal(decode_routes(data, "int32", (6, 2), 8).long(), ids)
+
+
 def _rewrite(tmp_path, tensors=None, header=None):
     path = str(tmp_path / "batch.safetensors")
     from safetensors import safe_open
@@ -156,3 +162,14 @@ def test_load_rollouts_validates_and_names_the_bad_sample(tmp_path):
     os.remove(tmp_path / "step002" / "batch.safetensors")
     with pytest.raises(FileNotFoundError, match="step002"):
         load_rollouts(str(tmp_path), CFG, require_routes=False)
+
+
+def test_version_1_folders_with_raw_routes_still_load(tmp_path):
+    b = rollout()
+    tensors = {k: getattr(b, k).contiguous() for k in ("tokens", "attn_mask", "response_mask", "rollout_logp",
+                                                       "rewards", "group")}
+    save_file({**tensors, "routes": b.routes.contiguous()}, str(tmp_path / "batch.safetensors"))
+    manifest = dict(format="r3-batch", version=1, num_rows=len(b), seq_len=b.tokens.shape[1], has_routes=True,
+                    routes_shape=list(b.routes.shape), routes_dtype=str(b.routes.dtype), meta={})
+    json.dump(manifest, open(tmp_path / "manifest.json", "w"))
+    assert torch.equal(load_rollouts(str(tmp_path), CFG)[0].routes, b.routes)
