@@ -19,6 +19,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from r3.batch import load_rollouts
 from r3.checkpoint import load_checkpoint, save_checkpoint
 from r3.engine import ROLLOUT_DTYPES, Engine
 from r3.grpo import group_advantages, policy_loss
@@ -65,6 +66,9 @@ def parse_args(argv=None):
       help="when the collapse guard fires: save a checkpoint, log the symptom, then stop or continue")
     a("--guard-reward-drop", type=float, default=0.3, help="guard: reward EMA this far below its running peak")
     a("--guard-kl-max", type=float, default=1.0, help="guard: mismatch kl above this")
+    a("--rollouts", default=None, help="train on rollouts read from this folder (rollout.py output, or converted "
+                                         "SGLang/vLLM responses; one batch folder per step, cycled) instead of "
+                                         "generating them; with --r3 every sample must carry routes that fit the model")
     a("--out", default=None, help="run folder (default runs/TASK-MODE-DTYPE-sSEED)")
     a("--resume", action="store_true", help="continue from OUT/ckpt.pt (bit-identical metrics on CPU)")
     a("--overwrite", action="store_true", help="replace an existing run folder instead of refusing")
@@ -126,6 +130,10 @@ def main(argv=None):
     cfg = cfg.dense_twin() if args.dense else cfg
     model, warm_path = warmed_up_model(cfg, task, args.task, steps=args.warmup_steps, seed=args.seed)
     engine = Engine(model, args.rollout_dtype)
+    disk = None
+    if args.rollouts:  # a run that refuses to start beats one that silently trains without replay
+        disk = load_rollouts(args.rollouts, cfg, require_routes=args.replay == "r3")
+        print(f"training on {len(disk)} rollout batch(es) from {args.rollouts}; the engine only serves val/kl")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     gens = dict(data=torch.Generator().manual_seed(args.seed), sample=torch.Generator().manual_seed(args.seed + 1))
     val_examples = task.sample(args.val_prompts, torch.Generator().manual_seed(10_000 + args.seed))
@@ -157,15 +165,19 @@ def main(argv=None):
     bar = tqdm(range(start, args.steps), desc=f"{mode}/{args.rollout_dtype}", initial=start, total=args.steps)
     for step in bar:
         t0 = time.perf_counter()
-        # 1. rollout
-        examples = task.sample(args.prompts_per_step, gens["data"])
-        batch = engine.generate([e.prompt for e in examples], max_new_tokens=task.max_new_tokens, eos_ids=(EOS,),
-                                pad_id=PAD, group_size=args.group_size, temperature=args.temperature,
-                                top_p=args.top_p, generator=gens["sample"], keep_logits=cfg.vocab_size <= 4096)
-        # 2. rewards and advantages
-        scored = [task.reward(batch.tokens[i][batch.response_mask[i]].tolist(), examples[int(batch.group[i])])
-                  for i in range(len(batch))]
-        batch.rewards = torch.tensor([r for r, _ in scored])
+        # 1. rollout (or read one from disk), 2. rewards and advantages
+        if disk is None:
+            examples = task.sample(args.prompts_per_step, gens["data"])
+            batch = engine.generate([e.prompt for e in examples], max_new_tokens=task.max_new_tokens,
+                                    eos_ids=(EOS,), pad_id=PAD, group_size=args.group_size,
+                                    temperature=args.temperature, top_p=args.top_p, generator=gens["sample"],
+                                    keep_logits=cfg.vocab_size <= 4096)
+            scored = [task.reward(batch.tokens[i][batch.response_mask[i]].tolist(), examples[int(batch.group[i])])
+                      for i in range(len(batch))]
+            batch.rewards = torch.tensor([r for r, _ in scored])
+        else:
+            batch = disk[step % len(disk)]
+            scored = None  # rewards come with the rollouts
         adv, adv_metrics = group_advantages(batch.rewards, batch.group, normalize_std=args.loss != "dr_grpo")
         # 3. old-policy pass (also the mismatch measurement: trainer as it will be used vs engine)
         mask = batch.loss_mask
@@ -205,7 +217,7 @@ def main(argv=None):
                  entropy=entropy(old_logp_V, mask), grad_norm=max(grad_norms), loss=sum(losses) / len(losses),
                  response_length=float(lengths.mean()),
                  clip_frac=sum(x["grpo/clip_frac"] for x in loss_metrics) / len(loss_metrics),
-                 exact=sum(i["exact"] for _, i in scored) / len(scored),
+                 exact=None if scored is None else sum(i["exact"] for _, i in scored) / len(scored),
                  runaway_frac=float(((lengths >= task.max_new_tokens) & ~ended).float().mean()),
                  lr=opt.param_groups[0]["lr"], **adv_metrics,
                  **{k: sum(x[k] for x in loss_metrics) / len(loss_metrics) for k in loss_metrics[0]})
@@ -218,7 +230,8 @@ def main(argv=None):
         bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.1e}")
         if not args.quiet:
             flips = "-" if m["router_flip_rate"] is None else f"{m['router_flip_rate']:.2%}"
-            tqdm.write(f"step {step:4d} | reward {m['reward']:.3f} | exact {m['exact']:.2f} | kl {m['kl']:.2e} | "
+            exact = "-" if m["exact"] is None else f"{m['exact']:.2f}"
+            tqdm.write(f"step {step:4d} | reward {m['reward']:.3f} | exact {exact} | kl {m['kl']:.2e} | "
                        f"F(2) {m['extreme_frac']:.2%} | flips {flips} | gn {m['grad_norm']:.2f} | "
                        f"len {m['response_length']:.1f} | ent {m['entropy']:.3f} | {m['step_time']:.2f}s")
         if guard.new:  # a symptom's onset: keep the weights as they were the moment it appeared
