@@ -7,12 +7,15 @@ For each preset and rollout precision, both the MoE model and its dense twin (sa
   MoE + R3    MoE, replaying the engine's recorded routes (same batch as the MoE row)
 Columns (over response tokens, `r3.metrics`): kl (k3, ×1e-3) ± its standard error over 8 chunks of prompts,
 kl_full (×1e-3), extreme_frac F(2), and for MoE rows the router flips of the trainer's *own* routing vs the rollout
-routes (identical in the MoE and MoE + R3 rows: same batch; R3 then overrides them, so the R3 forward itself has 0).
+routes (identical in the MoE and MoE + R3 rows: same batch; R3 then overrides them, so the R3 forward itself has 0),
+and kl split into tokens where that routing flipped ≥ 1 layer vs tokens where it flipped none.
 The paper's Qwen3-30B-A3B numbers (48 MoE layers, SGLang vs Megatron) sit below ours: compare the pattern
 (MoE ≫ dense, MoE + R3 ≈ dense), not the values; flips_per_token scales with the number of layers.
 
 Writes markdown to stdout, OUT/mismatch_table.json and OUT/mismatch_table.png (kl per precision, log scale).
   python experiments/mismatch_table.py                     # toy, bf16 fp16 fp8, 512 prompts × 8, 200 warm-up steps
+The MoE warm-up is bit-reproducible only at a fixed thread count (--threads, default 1; the dense one is not
+sensitive): a different count gives a slightly different MoE, and its kl moves by about the printed s.e. or more.
 """
 import argparse
 import json
