@@ -48,7 +48,7 @@ def score(model: Transformer, batch: Batch, *, replay: bool | torch.Tensor = Fal
     logits_BTV, routes_BTLK = model(ids_BT, valid_BT=valid_BT, routes_BTLK=routes_in)
     logp_BTV = (logits_BTV.float() / temperature).log_softmax(-1)
     mask_BT = batch.loss_mask
-    logp_BT = logp_BTV.gather(-1, batch.tokens[:, 1:, None])[..., 0] * mask_BT
+    logp_BT = torch.where(mask_BT, logp_BTV.gather(-1, batch.tokens[:, 1:, None])[..., 0], 0.0)
     if keep_full is None:
         keep_full = logp_BTV.shape[-1] <= FULL_VOCAB_MAX
     return dict(logp=logp_BT, logp_V=logp_BTV if keep_full else None, routes=routes_BTLK)
