@@ -1,7 +1,7 @@
 """Collect rollouts to disk: load a model → generate at rollout precision, recording routes → score → write.
 
 The disk half of the seed's SGLang → disk → Megatron pipeline (`collect_rollouts.py --output_dir --record_routing`):
-  python rollout.py --model toy --task sort --warmup-steps 200 --num-prompts 64 --group-size 8 \\
+  python rollout.py --model toy --task sort --warmup-steps 80 --num-prompts 64 --group-size 8 \\
       --rollout-dtype bf16 --out runs/rollout_bf16
 writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.batch.save_batch`; no pickle), which
 `r3.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the numbers it prints.
@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from experiments.common import load_model, rollout
+from r3.tasks import rollout
+from r3.warmup import load_model
 from r3.engine import ROLLOUT_DTYPES
 from r3.batch import save_batch
 from r3.model import PRESETS
@@ -35,8 +36,9 @@ def parse_args(argv=None):
                    help="architecture preset for a checkpoint whose metadata carries no model config")
     p.add_argument("--dense", action="store_true", help="use the preset's dense twin (no router, no routes)")
     p.add_argument("--task", default="sort", help="toy task: sort, reverse or add, optionally NAME:MIN-MAX")
-    p.add_argument("--warmup-steps", type=int, default=200,
-                   help="supervised warm-up steps for a preset (cached under --cache-dir); 0 = random init")
+    p.add_argument("--warmup-steps", type=int, default=80,
+                   help="supervised warm-up steps for a preset (cached under --cache-dir; the same default as "
+                        "train.py, so `train.py --rollouts` starts from the model that sampled); 0 = random init")
     p.add_argument("--init-seed", type=int, default=0, help="seed of the preset's init and warm-up data")
     p.add_argument("--cache-dir", default=".cache/warmup", help="where warmed-up checkpoints are cached")
     p.add_argument("--num-prompts", type=int, default=64, help="number of distinct prompts")

@@ -26,7 +26,9 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments.common import fmt, load_model, markdown_table, rollout  # noqa: E402
+from experiments.common import fmt, markdown_table  # noqa: E402
+from r3.tasks import rollout  # noqa: E402
+from r3.warmup import load_model  # noqa: E402
 from r3.model import PRESETS  # noqa: E402
 from r3.metrics import kl_k3  # noqa: E402
 from r3.score import mismatch_metrics, score  # noqa: E402

@@ -13,10 +13,11 @@ import os
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from r3.model import ModelConfig, Transformer, build_model
+from r3.model import PRESETS, ModelConfig, Transformer, build_model
 from r3.tasks import EOS, PAD, Task
 
 
@@ -90,3 +91,42 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
         torch.set_num_threads(threads)
     save_weights(model, path, dict(key=json.loads(key)))
     return model, path
+
+
+def checkpoint_config(path: str) -> ModelConfig | None:
+    """The ModelConfig stored in a `save_weights` checkpoint's metadata (warm-up cache key or `cfg`), if any."""
+    with safe_open(path, framework="pt") as f:
+        meta = json.loads((f.metadata() or {}).get("r3", "{}"))
+    cfg = meta.get("cfg") or meta.get("key", {}).get("cfg")
+    return None if cfg is None else ModelConfig(**cfg)
+
+
+def load_model(spec: str, *, dense: bool, task: Task, task_spec: str, warmup_steps: int, init_seed: int,
+               cache_dir: str = ".cache/warmup", arch: str | None = None,
+               progress: bool = True) -> tuple[Transformer, str]:
+    """A toy preset (built from init_seed, then warmed up on the task, cached) or a saved safetensors checkpoint.
+
+    Returns (model in fp32 eval mode, a one-line description of where it came from).
+    A checkpoint's architecture comes from its metadata; `arch` (a preset name) is the fallback when there is none.
+    """
+    if spec in PRESETS:
+        cfg = PRESETS[spec].dense_twin() if dense else PRESETS[spec]
+        if warmup_steps > 0:
+            model, path = warmed_up_model(cfg, task, task_spec, steps=warmup_steps, seed=init_seed,
+                                          cache_dir=cache_dir, progress=progress)
+            desc = f"preset {spec}{' (dense twin)' if dense else ''}, {warmup_steps} SFT warm-up steps on " \
+                   f"{task_spec}, init seed {init_seed} ({path})"
+        else:
+            model, desc = build_model(cfg, init_seed), f"preset {spec}{' (dense twin)' if dense else ''}, " \
+                                                       f"random init seed {init_seed}"
+        return model.float().eval(), desc
+    if not os.path.isfile(spec):
+        raise SystemExit(f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint file")
+    cfg = checkpoint_config(spec)
+    if cfg is None:
+        if arch is None:
+            raise SystemExit(f"{spec}: no model config in the checkpoint metadata; pass --arch PRESET")
+        cfg = PRESETS[arch].dense_twin() if dense else PRESETS[arch]
+    if dense and not cfg.dense:
+        raise SystemExit(f"{spec} is an MoE checkpoint; --dense cannot turn it into the dense twin")
+    return load_weights(Transformer(cfg), spec).float().eval(), f"checkpoint {spec}{' (dense)' if cfg.dense else ''}"

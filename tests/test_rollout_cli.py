@@ -8,14 +8,14 @@ import sys
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from experiments.common import rollout
 from r3.batch import Batch, load_batch, save_batch
 from r3.model import ModelConfig, build_model
 from r3.moe import RoutesError
 from r3.score import score
-from r3.tasks import make_task
+from r3.tasks import make_task, rollout
 from r3.warmup import save_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,6 +35,8 @@ def assert_same(a: Batch, b: Batch):
     for k in FIELDS:
         x, y = getattr(a, k), getattr(b, k)
         assert (x is None) == (y is None), k
+        if x is not None and k == "routes":  # the default file codec stores each top-k *set* (ids ascending)
+            x, y = x.sort(-1).values, y.sort(-1).values
         if x is not None:
             assert x.dtype == y.dtype and torch.equal(x, y), k
 
@@ -102,20 +104,30 @@ def test_truncated_file_is_a_clear_error(saved):
         load_batch(d)
 
 
-def test_routes_shape_disagreeing_with_manifest_is_a_routes_error(saved):
+def test_routes_payload_of_the_wrong_length_is_a_clear_error(saved):
     _, d = saved
-    t = load_file(os.path.join(d, "batch.safetensors"))
-    t["routes"] = t["routes"][:, :-1].contiguous()  # one position short
-    save_file(t, os.path.join(d, "batch.safetensors"))
-    with pytest.raises(RoutesError, match="routes shape"):
+    path = os.path.join(d, "batch.safetensors")
+    with safe_open(path, framework="pt") as f:
+        header = f.metadata()
+    t = load_file(path)
+    t["routes"] = t["routes"][:-1].contiguous()  # one byte short of the encoded routes
+    save_file(t, path, metadata=header)
+    with pytest.raises((RoutesError, ValueError), match="bytes|length"):
         load_batch(d)
 
 
-def test_out_of_range_expert_id_is_refused_at_replay(saved):
-    model, d = saved
-    t = load_file(os.path.join(d, "batch.safetensors"))
-    t["routes"][0, 1, 0, 0] = 200  # a corrupted id: loads fine, must not be replayed silently
-    save_file(t, os.path.join(d, "batch.safetensors"))
-    batch = load_batch(d)
+def test_out_of_range_expert_id_is_refused(tmp_path):
+    model = build_model(CFG, 1).init_weights(1, std=0.2)
+    batch, _ = rollout(model, make_task("sort:3-5"), num_prompts=2, group_size=2, dtype="bf16", seed=0)
+    save_batch(batch, str(tmp_path), codec="uint8")  # raw ids on disk, so one can be corrupted in place
+    path = os.path.join(str(tmp_path), "batch.safetensors")
+    with safe_open(path, framework="pt") as f:
+        header = f.metadata()
+    t = load_file(path)
+    t["routes"][5] = 200
+    save_file(t, path, metadata=header)
+    with pytest.raises(RoutesError, match="out of range"):
+        load_batch(str(tmp_path))
+    batch.routes[0, 1, 0, 0] = 200  # and an in-memory batch is refused at replay, never replayed silently
     with pytest.raises(RoutesError, match="out of range"):
         score(model, batch, replay=True)

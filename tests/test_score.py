@@ -3,7 +3,7 @@ the recorded routes; `mismatch_metrics` is ~0 on identical numerics and reports 
 import pytest
 import torch
 
-from experiments.common import rollout
+from r3.tasks import rollout
 from r3.model import ModelConfig, build_model
 from r3.score import mismatch_metrics, score
 from r3.tasks import make_task
