@@ -23,6 +23,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from r3.batch import load_rollouts
 from r3.checkpoint import load_checkpoint, save_checkpoint
 from r3.engine import ROLLOUT_DTYPES, Engine
 from r3.fsdp import clip_grad_norm, setup_distributed
@@ -51,15 +52,15 @@ def parse_args(argv=None):
     a("--dense", action="store_true", help="train the dense twin (matched active parameters, no router)")
     a("--preset", choices=sorted(PRESETS), default="toy", help="model size preset")
     a("--task", default="sort", help="toy task: sort | reverse | add, optionally NAME:MIN-MAX digits")
-    a("--steps", type=int, default=150, help="RL steps")
+    a("--steps", type=int, default=200, help="RL steps")
     a("--prompts-per-step", type=int, default=16, help="prompts per step")
     a("--group-size", type=int, default=8, help="samples per prompt (GRPO group size G)")
-    a("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    a("--lr", type=float, default=3e-4, help="AdamW learning rate")
     a("--lr-warmup", type=int, default=10, help="linear learning-rate warm-up steps (fresh Adam state is jumpy)")
     a("--grad-clip", type=float, default=1.0, help="max grad norm (the logged grad_norm is before clipping)")
     a("--seed", type=int, default=0, help="seed for init, warm-up, data and sampling")
-    a("--warmup-steps", type=int, default=60, help="supervised warm-up steps before RL (cached and shared)")
-    a("--mini-steps", type=int, default=1, help="optimizer steps per rollout batch (minibatches); >1 is off-policy")
+    a("--warmup-steps", type=int, default=80, help="supervised warm-up steps before RL (cached and shared)")
+    a("--mini-steps", type=int, default=4, help="optimizer steps per rollout batch (minibatches); >1 is off-policy")
     a("--loss", choices=["grpo", "dr_grpo", "gspo"], default="grpo", help="policy loss (see r3/grpo.py)")
     a("--clip-low", type=float, default=None, help="clip ε low (default 0.2; gspo 3e-4)")
     a("--clip-high", type=float, default=None, help="clip ε high (default 0.28; gspo 4e-4)")
@@ -75,6 +76,9 @@ def parse_args(argv=None):
       help="when the collapse guard fires: save a checkpoint, log the symptom, then stop or continue")
     a("--guard-reward-drop", type=float, default=0.3, help="guard: reward EMA this far below its running peak")
     a("--guard-kl-max", type=float, default=1.0, help="guard: mismatch kl above this")
+    a("--rollouts", default=None, help="train on rollouts read from this folder (rollout.py output, or converted "
+                                         "SGLang/vLLM responses; one batch folder per step, cycled) instead of "
+                                         "generating them; with --r3 every sample must carry routes that fit the model")
     a("--out", default=None, help="run folder (default runs/TASK-MODE-DTYPE-sSEED)")
     a("--resume", action="store_true", help="continue from OUT/ckpt.pt (bit-identical metrics on CPU)")
     a("--overwrite", action="store_true", help="replace an existing run folder instead of refusing")
@@ -119,6 +123,8 @@ def parse_args(argv=None):
     if args.logprob_chunk is not None and args.logprob_chunk < 0:
         p.error("--logprob-chunk must be >= 0")
     jsonl = args.task.startswith("jsonl:")
+    if args.rollouts and (args.model or (args.shards or 1) > 1):
+        p.error("--rollouts trains a toy preset in one process on whole batches: drop --model / --shards")
     if args.model and args.dense:
         p.error("--dense builds the dense twin of a toy preset; an HF checkpoint has no dense twin")
     if args.model and not jsonl and not args.dry_run:
@@ -213,6 +219,10 @@ def main(argv=None):
     if args.prompts_per_step % num_shards:
         sys.exit(f"error: --prompts-per-step {args.prompts_per_step} does not split into {num_shards} equal shards")
     mine = my_shards(num_shards, rank, world)
+    disk = None
+    if args.rollouts:  # a run that refuses to start beats one that silently trains without replay
+        disk = load_rollouts(args.rollouts, cfg, require_routes=args.replay == "r3")
+        print(f"training on {len(disk)} rollout batch(es) from {args.rollouts}; the engine only serves val/kl")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     gens = dict(data=torch.Generator().manual_seed(args.seed))  # the same on every rank: it draws every prompt
     for s in mine:
@@ -254,19 +264,24 @@ def main(argv=None):
                disable=not lead)
     for step in bar:
         t0 = time.perf_counter()
-        # 1. rollout: every rank draws the same prompts, then samples only its own shards
-        examples = task.sample(args.prompts_per_step, gens["data"])
-        per = len(examples) // num_shards
+        # 1. rollout (or read one from disk): every rank draws the same prompts, then samples only its own shards
+        examples = task.sample(args.prompts_per_step, gens["data"]) if disk is None else None
         shards, tok_parts, row_parts, group_parts = [], [], [], []
         for s in mine:
-            ex = examples[s * per:(s + 1) * per]
-            batch = engine.generate([e.prompt for e in ex], max_new_tokens=max_new, eos_ids=eos_ids, pad_id=pad_id,
-                                    group_size=args.group_size, temperature=args.temperature, top_p=args.top_p,
-                                    generator=gens[shard_generator_name(s)], keep_logits=chunk == 0)
-            # 2. rewards and advantages
-            scored = [task.reward(batch.tokens[i][batch.response_mask[i]].tolist(), ex[int(batch.group[i])])
-                      for i in range(len(batch))]
-            batch.rewards = torch.tensor([r for r, _ in scored], device=batch.tokens.device)
+            if disk is None:
+                per = len(examples) // num_shards
+                ex = examples[s * per:(s + 1) * per]
+                batch = engine.generate([e.prompt for e in ex], max_new_tokens=max_new, eos_ids=eos_ids,
+                                        pad_id=pad_id, group_size=args.group_size, temperature=args.temperature,
+                                        top_p=args.top_p, generator=gens[shard_generator_name(s)],
+                                        keep_logits=chunk == 0)
+                # 2. rewards and advantages
+                scored = [task.reward(batch.tokens[i][batch.response_mask[i]].tolist(), ex[int(batch.group[i])])
+                          for i in range(len(batch))]
+                batch.rewards = torch.tensor([r for r, _ in scored], device=batch.tokens.device)
+            else:
+                batch = disk[step % len(disk)]
+                scored = None  # rewards come with the rollouts
             adv, adv_metrics = group_advantages(batch.rewards, batch.group, normalize_std=args.loss != "dr_grpo")
             # 3. old-policy pass (also the mismatch measurement: trainer as it will be used vs engine)
             mask = batch.loss_mask
@@ -285,13 +300,13 @@ def main(argv=None):
             ended = (torch.isin(batch.tokens, eos) & batch.response_mask).any(1)
             tok_parts.append((dict(**mm, entropy=masked_mean(ent, mask)), float(mask.sum())))
             row_parts.append((dict(reward=float(batch.rewards.mean()), response_length=float(lengths.mean()),
-                                   exact=sum(i["exact"] for _, i in scored) / len(scored),
+                                   exact=None if scored is None else sum(i["exact"] for _, i in scored) / len(scored),
                                    runaway_frac=float(((lengths >= max_new) & ~ended).float().mean())), len(batch)))
-            group_parts.append((adv_metrics, len(ex)))
+            group_parts.append((adv_metrics, len(batch.group.unique())))
         # 4. policy update: each minibatch takes the same rows of every shard; one loss over the whole step
         for group in opt.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / max(1, args.lr_warmup))
-        rows_of = [torch.randperm(per * args.group_size, generator=gens["data"]).chunk(args.mini_steps)
+        rows_of = [torch.randperm(len(shards[0]["batch"]), generator=gens["data"]).chunk(args.mini_steps)
                    for _ in range(num_shards)]  # every rank draws all shards' orders: `data` stays in step
         losses, grad_norms, loss_metrics = [], [], []
         for k in range(len(rows_of[0])):
@@ -343,7 +358,8 @@ def main(argv=None):
         bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.1e}")
         if not args.quiet and lead:
             flips = "-" if m["router_flip_rate"] is None else f"{m['router_flip_rate']:.2%}"
-            tqdm.write(f"step {step:4d} | reward {m['reward']:.3f} | exact {m['exact']:.2f} | kl {m['kl']:.2e} | "
+            exact = "-" if m["exact"] is None else f"{m['exact']:.2f}"
+            tqdm.write(f"step {step:4d} | reward {m['reward']:.3f} | exact {exact} | kl {m['kl']:.2e} | "
                        f"F(2) {m['extreme_frac']:.2%} | flips {flips} | gn {m['grad_norm']:.2f} | "
                        f"len {m['response_length']:.1f} | ent {m['entropy']:.3f} | {m['step_time']:.2f}s")
         if guard.new:  # a symptom's onset: keep the weights as they were the moment it appeared

@@ -11,7 +11,6 @@ Re-running resumes a partly finished sweep.
 import argparse
 import json
 import os
-import shlex
 import sys
 import time
 
@@ -22,10 +21,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from r3.sweep import read_jsonl, run_all, summarize  # noqa: E402
+from r3.sweep import COMMON, RUNS_DIR, arm_run, read_jsonl, run_all, summarize  # noqa: E402
 
-COMMON = ("--task sort:6-10 --preset toy --warmup-steps 80 --prompts-per-step 16 --group-size 8 --lr 1e-3 "
-          "--mini-steps 4 --val-every 50")
 COLORS = {"none": "tab:red", "r3": "tab:blue", "r2": "tab:green"}
 
 
@@ -37,6 +34,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=300, help="RL steps per run")
     p.add_argument("--rollout-dtype", default="fp8", help="rollout precision of the headline sweep")
     p.add_argument("--common", default=COMMON, help="train.py flags shared by every arm")
+    p.add_argument("--mini-steps", type=int, default=4, help="optimizer steps per rollout batch, every arm")
+    p.add_argument("--runs-dir", default=RUNS_DIR, help="where runs live (shared with ablations.py; reused)")
     p.add_argument("--dose", action="store_true", help="also sweep rollout precision fp32/fp16/bf16/fp8")
     p.add_argument("--dose-seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds for the dose sweep")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
@@ -49,12 +48,10 @@ def fmt(x, spec=".3f"):
 
 
 def sweep(args, dtype, seeds):
-    runs = [(os.path.join(args.out, "runs", f"{dtype}-{arm}-s{s}"),
-             [*shlex.split(args.common), "--replay", arm, "--seed", str(s), "--rollout-dtype", dtype])
-            for arm in args.arms for s in seeds]
-    run_all(runs, steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.out, "logs"))
-    return {(arm, s): read_jsonl(os.path.join(args.out, "runs", f"{dtype}-{arm}-s{s}", "metrics.jsonl"))
-            for arm in args.arms for s in seeds}
+    runs = {(arm, s): arm_run(replay=arm, seed=s, dtype=dtype, mini_steps=args.mini_steps, common=args.common,
+                              runs_dir=args.runs_dir) for arm in args.arms for s in seeds}
+    run_all(list(runs.values()), steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"))
+    return {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
 
 
 def headline(args, rows):
@@ -124,7 +121,8 @@ def main():
     args = parse_args()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    print(f"every arm: train.py {args.common} --steps {args.steps} --rollout-dtype D --seed S --replay ARM")
+    print(f"every arm: train.py {args.common} --mini-steps {args.mini_steps} --steps {args.steps} "
+          f"--rollout-dtype D --seed S --replay ARM")
     table, data = headline(args, sweep(args, args.rollout_dtype, args.seeds))
     print(table)
     with open(os.path.join(args.out, "collapse.md"), "w") as f:

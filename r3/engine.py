@@ -12,6 +12,8 @@ Here the difference is made the way it arises there, never by injected noise:
 `generate` prefills each prompt once, expands its KV cache (and the routes stored with it) to the G samples of
 its GRPO group, then decodes one token at a time. It returns a `Batch` whose `routes` hold, for every fed
 position, the experts the engine's own forward chose: the thing R3 replays.
+`continue_generation` adds a turn to a conversation held in a KV cache: earlier positions' K/V and routes are reused,
+only the new positions are computed (SGLang's `routed_experts_start_len` plays this role there).
 """
 import copy
 
@@ -56,24 +58,104 @@ class Engine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,
                  group_size: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None, keep_logits: bool = False) -> Batch:
+                 generator: torch.Generator | None = None, keep_logits: bool = False, record_routes: bool = True,
+                 return_cache: bool = False):
+        """Sample responses; returns a Batch, or (Batch, KVCache) with `return_cache` (for `continue_generation`).
+
+        record_routes=False keeps no routes (batch.routes None): only to measure what recording costs.
+        """
         cfg, G = self.model.cfg, group_size
         dev = next(self.model.parameters()).device
         P, Lp = len(prompts), max(len(p) for p in prompts)
         if Lp + max_new_tokens > cfg.max_position_embeddings:
             raise ValueError(f"prompt ({Lp}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                              f"max_position_embeddings ({cfg.max_position_embeddings})")
-        prompt_PL = torch.full((P, Lp), pad_id, dtype=torch.long, device=dev)
-        pvalid_PL = torch.zeros(P, Lp, dtype=torch.bool, device=dev)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends at column Lp-1
-            prompt_PL[i, Lp - len(p):] = torch.tensor(p, dtype=torch.long)
-            pvalid_PL[i, Lp - len(p):] = True
+        prompt_PL, pvalid_PL = left_pad(prompts, pad_id, dev)
 
         cache = KVCache(cfg, P, Lp + max_new_tokens, self.dtype, dev)
+        if not record_routes:
+            cache.routes = None
         logits, _ = self.model(prompt_PL, valid_BT=pvalid_PL, kv_cache=cache)  # one prefill per prompt
         cache = cache.repeat_interleave(G)
         last_BV = logits[:, -1].repeat_interleave(G, dim=0)
         B = P * G
+        toks, gen_valid, logps, all_logps = self._sample_loop(cache, last_BV, max_new_tokens, eos_ids, pad_id,
+                                                              temperature, top_p, generator, keep_logits)
+        N = toks.shape[1]
+        T = Lp + N
+        tokens = torch.cat([prompt_PL.repeat_interleave(G, 0), toks], 1)
+        attn_mask = torch.cat([pvalid_PL.repeat_interleave(G, 0), gen_valid], 1)
+        response_mask = torch.cat([torch.zeros(B, Lp, dtype=torch.bool, device=dev), gen_valid], 1)
+        rollout_logp = torch.zeros(B, T - 1, device=dev)
+        rollout_logp[:, Lp - 1:] = logps
+        assert cache.length == T - 1, (cache.length, T)
+        routes = None
+        if cache.routes is not None:
+            routes = cache.routes[:, :T - 1].to(torch.uint8 if cfg.num_experts <= 256 else torch.int16)
+        rollout_logits = None
+        if keep_logits:
+            rollout_logits = torch.zeros(B, T - 1, cfg.vocab_size, device=dev)
+            rollout_logits[:, Lp - 1:] = all_logps
+        meta = dict(rollout_dtype=self.dtype_name, prompt_len=Lp, group_size=G, temperature=temperature,
+                    top_p=top_p, prefill_tokens_computed=P * Lp, prefill_tokens_requested=B * Lp,
+                    num_experts=None if cfg.dense else cfg.num_experts)
+        batch = Batch(tokens=tokens, attn_mask=attn_mask, response_mask=response_mask, rollout_logp=rollout_logp,
+                      routes=routes, rewards=torch.zeros(B), group=torch.arange(P).repeat_interleave(G),
+                      rollout_logits=rollout_logits, meta=meta)
+        return (batch, cache) if return_cache else batch
+
+    @torch.no_grad()
+    def continue_generation(self, batch: Batch, cache: KVCache, turns: list[list[int]], *, max_new_tokens: int,
+                            eos_ids: tuple[int, ...], pad_id: int, temperature: float = 1.0, top_p: float = 1.0,
+                            generator: torch.Generator | None = None, return_cache: bool = False):
+        """Multi-turn: append each row's next-turn tokens to an existing conversation and sample the next response.
+
+        `batch`, `cache` come from `generate(..., return_cache=True)` (or an earlier call of this). Earlier turns'
+        K/V and routes are reused from the cache; only new positions are computed: each row's last sampled token
+        (never fed yet) and its `turns[i]` tokens, one prefill chunk [B, 1 + max turn length] (left padded), like
+        SGLang's `routed_experts_start_len`. The returned Batch covers the whole conversation; `response_mask`
+        marks every sampled response, not the turn tokens. meta counts prefill slots: computed (the new chunk),
+        requested (what a fresh prefill of the conversation would compute), reused (requested - computed).
+        The cache is appended to (grown by copy when full): continue from the (batch, cache) pair returned last.
+        Rewards restart at 0 and rollout_logits are not kept.
+        """
+        cfg, dev = self.model.cfg, batch.tokens.device
+        B, T = batch.tokens.shape
+        if len(turns) != B or any(len(t) == 0 for t in turns):
+            raise ValueError(f"continue_generation needs one non-empty list of new tokens per row: {B} rows, got "
+                             f"{len(turns)} lists of lengths {[len(t) for t in turns]}")
+        if cache.length != T - 1 or cache.valid.shape[0] != B:
+            raise ValueError(f"cache holds {cache.length} positions x {cache.valid.shape[0]} rows but the batch has "
+                             f"{B} rows of {T} tokens: pass the cache returned with this batch")
+        turn_BC, tvalid_BC = left_pad(turns, pad_id, dev)
+        chunk_BC = torch.cat([batch.tokens[:, -1:], turn_BC], 1)  # the last sampled token was never fed
+        cvalid_BC = torch.cat([batch.attn_mask[:, -1:], tvalid_BC], 1)
+        C = chunk_BC.shape[1]
+        if T - 1 + C + max_new_tokens > cfg.max_position_embeddings:
+            raise ValueError(f"conversation ({T - 1 + C}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                             f"max_position_embeddings ({cfg.max_position_embeddings})")
+        cache = grow_cache(cache, T - 1 + C + max_new_tokens)
+        logits, _ = self.model(chunk_BC, valid_BT=cvalid_BC, kv_cache=cache)
+        toks, gen_valid, logps, _ = self._sample_loop(cache, logits[:, -1], max_new_tokens, eos_ids, pad_id,
+                                                      temperature, top_p, generator, False)
+        tokens = torch.cat([batch.tokens, chunk_BC[:, 1:], toks], 1)
+        attn_mask = torch.cat([batch.attn_mask, cvalid_BC[:, 1:], gen_valid], 1)
+        no_resp = torch.zeros(B, C - 1, dtype=torch.bool, device=dev)
+        response_mask = torch.cat([batch.response_mask, no_resp, gen_valid], 1)
+        rollout_logp = torch.cat([batch.rollout_logp, torch.zeros(B, C - 1, device=dev), logps], 1)
+        Tn = tokens.shape[1]
+        assert cache.length == Tn - 1 and rollout_logp.shape[1] == Tn - 1, (cache.length, Tn, rollout_logp.shape)
+        routes = None if cache.routes is None else cache.routes[:, :Tn - 1].to(batch.routes.dtype)
+        meta = dict(batch.meta, turns=batch.meta.get("turns", 1) + 1, prefill_tokens_computed=B * C,
+                    prefill_tokens_requested=B * (T - 1 + C), prefill_tokens_reused=B * (T - 1))
+        out = Batch(tokens=tokens, attn_mask=attn_mask, response_mask=response_mask, rollout_logp=rollout_logp,
+                    routes=routes, rewards=torch.zeros(B), group=batch.group, meta=meta)
+        return (out, cache) if return_cache else out
+
+    def _sample_loop(self, cache, last_BV, max_new_tokens, eos_ids, pad_id, temperature, top_p, generator,
+                     keep_logits):
+        """Decode one token at a time from `last_BV`; returns (tokens, valid, logp, full logp or None), each [B, N]."""
+        B, dev = last_BV.shape[0], last_BV.device
         eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         toks, valids, logps, all_logps = [], [], [], []
@@ -92,28 +174,34 @@ class Engine:
                 break
             logits, _ = self.model(tok[:, None], valid_BT=valid[:, None], kv_cache=cache)
             last_BV = logits[:, 0]
+        full = torch.stack(all_logps, 1) if keep_logits else None
+        return torch.stack(toks, 1), torch.stack(valids, 1), torch.stack(logps, 1), full
 
-        N = len(toks)
-        T = Lp + N
-        gen_valid = torch.stack(valids, 1)
-        tokens = torch.cat([prompt_PL.repeat_interleave(G, 0), torch.stack(toks, 1)], 1)
-        attn_mask = torch.cat([pvalid_PL.repeat_interleave(G, 0), gen_valid], 1)
-        response_mask = torch.cat([torch.zeros(B, Lp, dtype=torch.bool, device=dev), gen_valid], 1)
-        rollout_logp = torch.zeros(B, T - 1, device=dev)
-        rollout_logp[:, Lp - 1:] = torch.stack(logps, 1)
-        assert cache.length == T - 1, (cache.length, T)
-        routes = None
-        if cache.routes is not None:
-            routes = cache.routes[:, :T - 1].to(torch.uint8 if cfg.num_experts <= 256 else torch.int16)
-        rollout_logits = None
-        if keep_logits:
-            rollout_logits = torch.zeros(B, T - 1, cfg.vocab_size, device=dev)
-            rollout_logits[:, Lp - 1:] = torch.stack(all_logps, 1)
-        meta = dict(rollout_dtype=self.dtype_name, prompt_len=Lp, group_size=G, temperature=temperature,
-                    top_p=top_p, prefill_tokens_computed=P * Lp, prefill_tokens_requested=B * Lp)
-        return Batch(tokens=tokens, attn_mask=attn_mask, response_mask=response_mask, rollout_logp=rollout_logp,
-                     routes=routes, rewards=torch.zeros(B), group=torch.arange(P).repeat_interleave(G),
-                     rollout_logits=rollout_logits, meta=meta)
+
+def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids [B, Lmax], valid [B, Lmax]), left padded so every sequence ends at the last column."""
+    L = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long, device=device)
+    valid = torch.zeros(len(seqs), L, dtype=torch.bool, device=device)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
+            valid[i, L - len(s):] = True
+    return ids, valid
+
+
+def grow_cache(cache: KVCache, max_len: int) -> KVCache:
+    """A cache with room for `max_len` positions holding the same prefix (a copy, no recompute)."""
+    extra = max_len - cache.max_len
+    if extra <= 0:
+        return cache
+    out = KVCache.__new__(KVCache)
+    out.k = torch.nn.functional.pad(cache.k, (0, 0, 0, extra))
+    out.v = torch.nn.functional.pad(cache.v, (0, 0, 0, extra))
+    out.valid = torch.nn.functional.pad(cache.valid, (0, extra))
+    out.routes = None if cache.routes is None else torch.nn.functional.pad(cache.routes, (0, 0, 0, 0, 0, extra))
+    out.length, out.prefill_tokens, out.decode_tokens = cache.length, cache.prefill_tokens, cache.decode_tokens
+    return out
 
 
 def sample(logp_BV: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -6,8 +6,8 @@ Advantages (`group_advantages`): A_i = (r_i − mean_g r) / (std_g r + ε) per G
 `normalize_std=False` gives Dr. GRPO's A_i = r_i − mean_g r.
 
 Policy losses (`policy_loss`), ρ_t = π_θ(y_t) / π_old(y_t), with π_old the trainer's log-probs before the update:
-  grpo     token-level clipped surrogate  −min(ρ_t A, clip(ρ_t, 1−ε_low, 1+ε_high) A), averaged over all response
-           tokens of the batch ("token-mean", as DAPO/verl).
+  grpo     token-level clipped surrogate  −min(ρ_t A, clip(ρ_t, 1−ε_low, 1+ε_high) A), averaged over all
+           response tokens of the batch ("token-mean", as DAPO/verl).
   dr_grpo  the same surrogate summed per sequence and divided by a constant (rows × max response length):
            Dr. GRPO's unbiased normalisation (use with `normalize_std=False`).
   gspo     sequence ratio s_i = exp(mean_t log ρ_t), clipped at sequence level; the token gradient uses

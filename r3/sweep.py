@@ -16,6 +16,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLAPSE_SYMPTOMS = ("reward_drop", "nonfinite")  # what counts as a collapse in tables (others are precursors)
 
 
+# The toy setting every experiment shares (calibrated once, identical for every arm); see README "Results".
+COMMON = ("--task sort:6-10 --preset toy --warmup-steps 80 --prompts-per-step 16 --group-size 8 --lr 3e-4 "
+          "--val-every 50")
+RUNS_DIR = os.path.join("results", "runs")
+
+
+def arm_run(*, replay: str, seed: int, dtype: str, loss: str = "grpo", is_correction: str = "none",
+            mini_steps: int = 4, common: str = COMMON, runs_dir: str = RUNS_DIR) -> tuple[str, list[str]]:
+    """(out_dir, train.py flags) for one arm; the name is a function of the flags, so experiments share runs."""
+    name = f"{dtype}-{loss}-{is_correction}-{replay}-m{mini_steps}-s{seed}"
+    flags = [*common.split(), "--replay", replay, "--seed", str(seed), "--rollout-dtype", dtype, "--loss", loss,
+             "--is-correction", is_correction, "--mini-steps", str(mini_steps)]
+    return os.path.join(runs_dir, name), flags
+
+
 def read_jsonl(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
@@ -35,6 +50,18 @@ def is_done(out: str, steps: int) -> bool:
 def run_all(runs: list[tuple[str, list[str]]], *, steps: int, jobs: int = 2, log_dir: str) -> None:
     """runs: (out_dir, train.py args without --out). Runs up to `jobs` at once; a failed run raises."""
     os.makedirs(log_dir, exist_ok=True)
+    for out, args in runs:  # a run folder is reused only by the exact same command line
+        flags_path = os.path.join(out, "sweep_flags.json")
+        if os.path.exists(flags_path):
+            with open(flags_path) as f:
+                old = json.load(f)
+            if old != [*args, "--steps", str(steps)]:
+                raise RuntimeError(f"{out} was run with different flags:\n  {' '.join(old)}\nnot\n  "
+                                   f"{' '.join(args)} --steps {steps}\nchoose another --runs-dir or remove it")
+        else:
+            os.makedirs(out, exist_ok=True)
+            with open(flags_path, "w") as f:
+                json.dump([*args, "--steps", str(steps)], f)
     todo = [(out, args) for out, args in runs if not is_done(out, steps)]
     skipped = len(runs) - len(todo)
     if skipped:

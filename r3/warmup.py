@@ -2,7 +2,9 @@
 
 RL from random init gives all-zero rewards on these tasks, so every arm of an ablation starts from the same
 short supervised warm-up. The checkpoint is cached under a key of everything that determines it (model config,
-task, steps, batch, lr, seed), so arms and seeds that share those share one file, byte for byte.
+task, steps, batch, lr, seed), so arms and seeds that share those share one file, byte for byte. The warm-up always
+runs on one thread: with two, float reduction order differs, the MoE routes a few tokens differently, and the
+weights would depend on the machine.
 """
 import dataclasses
 import hashlib
@@ -79,7 +81,12 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
     model = build_model(cfg, seed)
     if os.path.exists(path):
         return load_weights(model, path), path
-    if steps > 0:
-        supervised_warmup(model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the result must not depend on the machine: MoE routing amplifies reduction order
+    try:
+        if steps > 0:
+            supervised_warmup(model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
     save_weights(model, path, dict(key=json.loads(key)))
     return model, path

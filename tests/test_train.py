@@ -73,3 +73,45 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
             a, b = dict(a), dict(b)
             a.pop("step_time"), b.pop("step_time")
             assert a == b, (a["step"], {k: (a[k], b[k]) for k in a if a[k] != b.get(k)})
+
+
+def _disk_rollouts(tmp_path, drop_routes_in=None):
+    """Two rollout folders from the same warmed-up toy model that train.py will build (same flags, same cache)."""
+    import torch
+
+    from r3.batch import save_batch
+    from r3.engine import Engine
+    from r3.model import PRESETS
+    from r3.tasks import EOS, PAD, make_task
+    from r3.warmup import warmed_up_model
+    task = make_task("sort:3-4")
+    model, _ = warmed_up_model(PRESETS["toy"], task, "sort:3-4", steps=3, seed=0, progress=False,
+                               cache_dir=str(tmp_path / ".cache" / "warmup"))
+    engine = Engine(model, "bf16")
+    g = torch.Generator().manual_seed(0)
+    for i in range(2):
+        ex = task.sample(3, g)
+        b = engine.generate([e.prompt for e in ex], max_new_tokens=task.max_new_tokens, eos_ids=(EOS,), pad_id=PAD,
+                            group_size=2, generator=g)
+        b.rewards = torch.rand(len(b), generator=g)
+        if i == drop_routes_in:
+            b.routes = None
+        save_batch(b, str(tmp_path / "rollouts" / f"step{i}"))
+
+
+def test_train_from_rollouts_on_disk_with_r3(tmp_path):
+    _disk_rollouts(tmp_path)
+    r = run([*TINY, "--steps", "3", "--r3", "--rollouts", "rollouts", "--out", "run"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = metrics(tmp_path / "run" / "metrics.jsonl")
+    assert len(rows) == 3 and rows[0]["exact"] is None and rows[0]["router_flip_rate"] is not None
+
+
+def test_r3_refuses_rollouts_without_routes_naming_the_sample(tmp_path):
+    _disk_rollouts(tmp_path, drop_routes_in=1)
+    r = run([*TINY, "--steps", "3", "--r3", "--rollouts", "rollouts", "--out", "run"], tmp_path)
+    assert r.returncode != 0
+    assert "step1" in r.stderr and "no routes" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
+    r = run([*TINY, "--steps", "2", "--rollouts", "rollouts", "--out", "run2"], tmp_path)  # no replay: allowed
+    assert r.returncode == 0, r.stderr[-2000:]

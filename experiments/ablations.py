@@ -1,0 +1,107 @@
+"""Ablations in the style of the paper's Table 1 and Zheng et al. (2512.01374), on the shared toy setting.
+
+  python experiments/ablations.py                       # 2 seeds, fp8 rollout, every arm below
+
+Arms (each pair that is compared differs in exactly one flag; everything else is r3.sweep.COMMON):
+  GRPO, GRPO+TIS, GRPO+R3, GRPO+TIS+R3, GSPO, GSPO+R3      at --mini-steps 4
+  none / R2 / R3                                          at --mini-steps 1 and 4
+Published orderings to compare with: GRPO+R3 > GRPO+TIS > GRPO; R2 beats R3 at 2 mini-steps, R3 beats R2 at >= 4.
+Writes OUT/ablations.{md,json,png}. Runs are shared with experiments/collapse.py (same folder, same flags).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from r3.sweep import COMMON, RUNS_DIR, arm_run, read_jsonl, run_all, summarize  # noqa: E402
+
+ARMS = {  # label: (replay, loss, is_correction, mini_steps)
+    "GRPO": ("none", "grpo", "none", 4),
+    "GRPO+TIS": ("none", "grpo", "tis", 4),
+    "GRPO+R3": ("r3", "grpo", "none", 4),
+    "GRPO+TIS+R3": ("r3", "grpo", "tis", 4),
+    "GSPO": ("none", "gspo", "none", 4),
+    "GSPO+R3": ("r3", "gspo", "none", 4),
+    "GRPO+R2": ("r2", "grpo", "none", 4),
+    "GRPO (1 mini-step)": ("none", "grpo", "none", 1),
+    "GRPO+R2 (1 mini-step)": ("r2", "grpo", "none", 1),
+    "GRPO+R3 (1 mini-step)": ("r3", "grpo", "none", 1),
+}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds for every arm")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM",
+                   help=f"subset of: {', '.join(ARMS)}")
+    p.add_argument("--steps", type=int, default=300, help="RL steps per run")
+    p.add_argument("--rollout-dtype", default="fp8", help="rollout precision for every arm")
+    p.add_argument("--common", default=COMMON, help="train.py flags shared by every arm")
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
+    p.add_argument("--runs-dir", default=RUNS_DIR, help="where runs live (shared with collapse.py; reused)")
+    p.add_argument("--out", default="results/ablations", help="output folder")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    runs = {}
+    for label in args.arms:
+        replay, loss, is_c, mini = ARMS[label]
+        for s in args.seeds:
+            runs[label, s] = arm_run(replay=replay, seed=s, dtype=args.rollout_dtype, loss=loss, is_correction=is_c,
+                                     mini_steps=mini, common=args.common, runs_dir=args.runs_dir)
+    run_all(list(runs.values()), steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"))
+    rows = {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
+
+    lines = ["| arm | mean final reward | per seed | best reward (EMA) | collapsed | mean kl | max kl | "
+             "max grad norm |", "|---|---|---|---|---|---|---|---|"]
+    data = {}
+    for label in args.arms:
+        ms = [summarize(rows[label, s]) for s in args.seeds]
+        d = data[label] = dict(
+            final_reward=sum(m["final_reward"] for m in ms) / len(ms), per_seed=[m["final_reward"] for m in ms],
+            best_reward_ema=sum(m["best_reward_ema"] for m in ms) / len(ms),
+            collapsed=sum(m["collapse_step"] is not None for m in ms), mean_kl=sum(m["mean_kl"] for m in ms) / len(ms),
+            max_kl=max(m["max_kl"] for m in ms), max_grad_norm=max(m["max_grad_norm"] for m in ms))
+        lines.append(f"| {label} | {d['final_reward']:.3f} | {' / '.join(f'{x:.3f}' for x in d['per_seed'])} | "
+                     f"{d['best_reward_ema']:.3f} | {d['collapsed']} of {len(ms)} | {d['mean_kl']:.2e} | "
+                     f"{d['max_kl']:.2e} | {d['max_grad_norm']:.1f} |")
+    table = "\n".join(lines)
+    print(table)
+    with open(os.path.join(args.out, "ablations.md"), "w") as f:
+        f.write(f"every arm: `{args.common} --steps {args.steps} --rollout-dtype {args.rollout_dtype}` plus its "
+                f"own flags; seeds {args.seeds}; final reward = mean of the last 20 steps\n\n{table}\n")
+    with open(os.path.join(args.out, "ablations.json"), "w") as f:
+        json.dump(dict(common=args.common, steps=args.steps, seeds=args.seeds, arms=data), f, indent=1)
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    for i, label in enumerate(args.arms):
+        for s in args.seeds:
+            r = rows[label, s]
+            ema, ys = None, []
+            for x in r:
+                ema = x["reward"] if ema is None else 0.9 * ema + 0.1 * x["reward"]
+                ys.append(ema)
+            kw = dict(color=f"C{i}", lw=1, alpha=0.8, label=label if s == args.seeds[0] else None)
+            axes[0].plot([x["step"] for x in r], ys, **kw)
+            axes[1].plot([x["step"] for x in r], [x["kl"] for x in r], **kw)
+    axes[0].set_title("reward (EMA 0.9)")
+    axes[1].set_title("mismatch kl (k3)")
+    axes[1].set_yscale("log")
+    axes[0].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "ablations.png"), dpi=110)
+    print(f"wrote {args.out}/ablations.(md|json|png) in {time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
