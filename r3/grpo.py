@@ -69,7 +69,9 @@ def _frac(x, mask) -> float:
 def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor, *,
                 loss: str = "grpo", clip_low: float = 0.2, clip_high: float = 0.28,
                 rollout_logp_BT: torch.Tensor | None = None, is_correction: str = "none", is_cap: float = 2.0,
-                max_len: int | None = None) -> tuple[torch.Tensor, dict]:
+                max_len: int | None = None, denominator: float | None = None) -> tuple[torch.Tensor, dict]:
+    """The loss `loss` over these rows and its metrics. denominator: divide the summed loss by this (e.g. the
+    `loss_denominator` summed over every data shard of the step) instead of this batch's own count."""
     mask = mask_BT.bool()
     if is_correction != "none" and rollout_logp_BT is None:
         raise ValueError(f"is-correction {is_correction!r} needs the rollout log-probs")
@@ -85,7 +87,7 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
         tok = -torch.minimum(s_BT * A, clipped * A) * w_BT
         per_seq = (tok * mask).sum(-1) / n
         has = mask.any(-1)
-        value = per_seq[has].sum() / has.sum().clamp(min=1)
+        value = per_seq[has].sum() / (has.sum().clamp(min=1) if denominator is None else denominator)
         seq_clipped = (s_BT[:, 0] - clipped[:, 0]).detach().abs() > 0
         clip_frac = float(seq_clipped[has].float().mean()) if has.any() else 0.0
         ratio_mean = float(log_s_B[has].detach().exp().mean()) if has.any() else 1.0
@@ -94,12 +96,28 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
         clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
         tok = -torch.minimum(ratio * A, clipped * A) * w_BT
         if loss == "grpo":
-            value = (tok * mask).sum() / mask.sum().clamp(min=1)
+            value = (tok * mask).sum() / (mask.sum().clamp(min=1) if denominator is None else denominator)
         elif loss == "dr_grpo":
-            value = (tok * mask).sum() / (mask.shape[0] * (max_len or mask.shape[1]))
+            value = (tok * mask).sum() / (mask.shape[0] * (max_len or mask.shape[1]) if denominator is None
+                                          else denominator)
         else:
             raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")
         clip_frac = _frac((ratio - clipped).abs() > 0, mask)
         ratio_mean = float(ratio.detach()[mask].mean()) if mask.any() else 1.0
     return value, {"grpo/loss": float(value), "grpo/clip_frac": clip_frac, "grpo/ratio_mean": ratio_mean,
                    **is_metrics}
+
+
+def loss_denominator(old_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, mask_BT: torch.Tensor, *,
+                     loss: str, is_correction: str = "none", is_cap: float = 2.0, max_len: int | None = None) -> float:
+    """What `policy_loss` divides its sum by for these rows (before the clamp at 1): kept response tokens (grpo),
+    rows × max_len (dr_grpo), or sequences with a kept token (gspo). Summed over the data shards of a step, it turns
+    per-shard losses into one loss over the whole step (`policy_loss(..., denominator=total)`)."""
+    _, mask, _ = correction_weights(old_logp_BT, rollout_logp_BT, mask_BT.bool(), kind=is_correction, cap=is_cap)
+    if loss == "grpo":
+        return float(mask.sum())
+    if loss == "dr_grpo":
+        return float(mask.shape[0] * (max_len or mask.shape[1]))
+    if loss == "gspo":
+        return float(mask.any(-1).sum())
+    raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")

@@ -22,6 +22,11 @@ def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / n)
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of x over the True positions of mask (NaN when there are none)."""
+    return _mean(x, mask)
+
+
 def kl_k3(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor) -> float:
     log_r = (logp_train - logp_infer).double()
     return _mean(log_r.exp() - 1 - log_r, mask)

@@ -1,11 +1,12 @@
 """What this proves: group advantages and every loss variant (GRPO clip, Dr. GRPO normalisation, GSPO sequence
-ratio, TIS / IcePop / MIS corrections) equal hand-computed values, and the collapse guard fires on planted faults."""
+ratio, TIS / IcePop / MIS corrections) equal hand-computed values, and the collapse guard fires on planted faults;
+per-shard losses over the step's shared denominator add up to the whole-batch loss."""
 import math
 
 import pytest
 import torch
 
-from r3.grpo import correction_weights, group_advantages, policy_loss
+from r3.grpo import correction_weights, group_advantages, loss_denominator, policy_loss
 from r3.guard import CollapseGuard
 
 OLD = torch.zeros(2, 2)
@@ -107,3 +108,24 @@ def test_guard_fires_on_planted_reward_drop_and_not_before():
     fired = [g.check(healthy(10 + i, reward=0.1)) for i in range(5)]
     assert "reward_drop" in fired[-1]
     assert g.new == [] and "reward_drop" in g.active  # onset was reported once, earlier
+
+
+@pytest.mark.parametrize("loss, is_correction", [("grpo", "none"), ("grpo", "icepop"), ("dr_grpo", "tis"),
+                                                 ("gspo", "mis")])
+def test_shard_losses_with_the_step_denominator_sum_to_the_whole_batch_loss(loss, is_correction):
+    """What train.py's data shards rely on: per-shard losses over a shared denominator add up to the full loss."""
+    g = torch.Generator().manual_seed(0)
+    B, T = 6, 7
+    logp = (-torch.rand(B, T, generator=g)).requires_grad_()
+    old, roll = -torch.rand(B, T, generator=g), -torch.rand(B, T, generator=g)
+    adv, mask = torch.randn(B, generator=g), torch.rand(B, T, generator=g) > 0.3
+    kw = dict(loss=loss, is_correction=is_correction, is_cap=1.5, max_len=T)
+    full, _ = policy_loss(logp, old, adv, mask, rollout_logp_BT=roll, **kw)
+    halves = [slice(0, 2), slice(2, 6)]
+    den = sum(loss_denominator(old[h], roll[h], mask[h], **kw) for h in halves)
+    parts = sum(policy_loss(logp[h], old[h], adv[h], mask[h], rollout_logp_BT=roll[h], denominator=den, **kw)[0]
+                for h in halves)
+    assert torch.allclose(parts, full, atol=1e-6), (parts, full)
+    g_full, = torch.autograd.grad(full, logp)
+    g_parts, = torch.autograd.grad(parts, logp)
+    assert torch.allclose(g_full, g_parts, atol=1e-6)

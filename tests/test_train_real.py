@@ -1,0 +1,141 @@
+"""What this proves: train.py's real-model path runs end to end on an HF-layout checkpoint with a tokenizer and a
+jsonl task, and under `torch.distributed.run` with 2 gloo processes (FSDP2, R3, per-rank data shards) it logs the
+same global metrics and saves the same HF weights as one plain process over the same shards; `--dry-run` prints
+the Qwen3-30B-A3B plan from config.json alone; mismatched --model / --task combinations fail with clear errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from r3.hf import load_pretrained, save_pretrained
+from r3.model import ModelConfig, build_model
+from test_hf_parity import QWEN3_30B_A3B_CONFIG
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "train.py")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+WORDS = ["user", "assistant", "What", "is", "plus", "?", "2", "3", "4", "the", "answer", "so"]
+ANSWERS = ["\\boxed{5}", "\\boxed{7}"]  # one token each, so an untrained model sometimes says the right one
+REQUIRED = ["step", "reward", "kl", "kl_full", "extreme_frac", "router_flip_rate", "token_flip_rate",
+            "flips_per_token", "entropy", "grad_norm", "response_length", "clip_frac", "exact", "loss", "step_time"]
+TOL = 1e-5  # relative, per metric and per weight; measured: bit-identical with --fsdp-param-dtype fp32 on CPU
+
+
+def make_checkpoint(d):
+    """A 2-layer, 8-expert Qwen3-MoE in HF layout with a WordLevel tokenizer (ChatML specials) and EOS ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {w: i for i, w in enumerate(SPECIAL + ["[UNK]"] + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(SPECIAL)
+    tok.add_tokens(ANSWERS)
+    cfg = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, num_experts=8,
+                      num_experts_per_tok=2, max_position_embeddings=64)
+    save_pretrained(build_model(cfg, seed=0).init_weights(0, std=0.3), str(d))
+    tok.save(str(d / "tokenizer.json"))
+    (d / "generation_config.json").write_text(json.dumps(dict(eos_token_id=[vocab["<|im_end|>"],
+                                                                            vocab["<|endoftext|>"]])))
+    (d / "tokenizer_config.json").write_text(json.dumps(dict(pad_token="<|endoftext|>")))
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    d = tmp_path_factory.mktemp("real")
+    make_checkpoint(d / "ckpt")
+    rows = [dict(prompt="What is 2 plus 3 ?", answer="5"), dict(prompt="What is 3 plus 4 ?", answer="7"),
+            dict(prompt="What is 4 plus 3 ?", answer=7), dict(prompt="What is 3 plus 2 ?", answer="5")]
+    (d / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d
+
+
+def train(args, cwd, nproc=1):
+    launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                                  f"--nproc_per_node={nproc}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    return subprocess.run(launch + [TRAIN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_two_process_fsdp_run_matches_one_process(real):
+    common = ["--model", str(real / "ckpt"), "--task", f"jsonl:{real / 'qa.jsonl'}", "--r3", "--steps", "2",
+              "--prompts-per-step", "4", "--group-size", "4", "--shards", "2", "--max-new-tokens", "6",
+              "--logprob-chunk", "16", "--lr", "3e-3", "--lr-warmup", "1", "--rollout-dtype", "fp8",
+              "--val-every", "2", "--val-prompts", "2",
+              "--fsdp-param-dtype", "fp32", "--no-plot", "--quiet", "--overwrite"]
+    one = train([*common, "--out", "one"], real)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = train([*common, "--out", "two", "--activation-checkpointing"], real, nproc=2)
+    assert two.returncode == 0, "\n".join(line for line in two.stderr.splitlines() if "it/s" not in line)[-6000:]
+    a, b = metrics(real / "one" / "metrics.jsonl"), metrics(real / "two" / "metrics.jsonl")
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [0, 1]
+    assert json.loads((real / "two" / "args.json").read_text())["world_size"] == 2
+    for x, y in zip(a, b):
+        assert set(REQUIRED) <= set(x), set(REQUIRED) - set(x)
+        assert x["kl_full"] is None and x["entropy"] > 0  # the chunked log-prob path
+        for k in x:
+            if k == "step_time" or x[k] is None or isinstance(x[k], list):
+                assert x[k] == y[k] or k == "step_time", (k, x[k], y[k])
+                continue
+            assert abs(x[k] - y[k]) <= TOL * max(1.0, abs(x[k])), (k, x[k], y[k])
+    assert any(0 < m["reward"] < 1 for m in a) and a[0]["grad_norm"] > 0  # rewards varied, so the step trained
+    assert any(m["router_flip_rate"] > 0 for m in a)  # fp8 rollouts route differently: flips are compared too
+    wa, wb = (load_pretrained(str(real / r / "hf")).state_dict() for r in ("one", "two"))
+    w0 = load_pretrained(str(real / "ckpt")).state_dict()
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= TOL
+    assert max((wa[k] - w0[k]).abs().max().item() for k in wa) > 1e-4  # and training moved the weights
+    r = train([*common, "--out", "two", "--resume"], real, nproc=2)  # refused, not half-done
+    assert r.returncode != 0 and "--resume is not supported under torchrun" in r.stderr
+
+
+def test_dry_run_prints_the_30b_plan_from_config_only(tmp_path):
+    (tmp_path / "q30b").mkdir()
+    (tmp_path / "q30b" / "config.json").write_text(json.dumps(QWEN3_30B_A3B_CONFIG))
+    r = train(["--model", str(tmp_path / "q30b"), "--dry-run", "--world-size", "8", "--activation-checkpointing"],
+              tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "world 8" in r.stdout and "30.53B / 3.35B" in r.stdout
+    static = next(line for line in r.stdout.splitlines() if "= static" in line)
+    assert abs(float(static.split()[-2]) - 57) < 1, static
+    r = train(["--preset", "toy", "--dry-run"], tmp_path)
+    assert r.returncode == 0 and "world 1" in r.stdout, r.stderr[-3000:]
+    assert not os.path.exists(tmp_path / "runs")  # a dry run writes nothing
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "CKPT", "--task", "sort"], "--model needs --task jsonl:FILE"),
+    (["--task", "jsonl:qa.jsonl"], "needs --model PATH"),
+    (["--model", "CKPT", "--task", "jsonl:qa.jsonl", "--dense"], "no dense twin"),
+    (["--shards", "0"], "--shards must be >= 1"),
+])
+def test_mismatched_model_and_task_fail_clearly(argv, words, capsys):
+    sys.path.insert(0, ROOT)
+    from train import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert words in capsys.readouterr().err
+
+
+def test_one_process_real_run_resumes_bit_identically(real):
+    """One process with --model keeps the toy loop's resumable ckpt.pt; a resumed run logs the same metrics."""
+    common = ["--model", str(real / "ckpt"), "--task", f"jsonl:{real / 'qa.jsonl'}", "--steps", "2",
+              "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "4", "--save-every", "1",
+              "--val-every", "0", "--no-plot", "--quiet"]
+    assert train([*common, "--out", "ref"], real).returncode == 0
+    assert train([*common, "--steps", "1", "--out", "res"], real).returncode == 0
+    r = train([*common, "--out", "res", "--resume"], real)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = metrics(real / "ref" / "metrics.jsonl"), metrics(real / "res" / "metrics.jsonl")
+    for x, y in zip(a, b):
+        x.pop("step_time"), y.pop("step_time")
+        assert x == y
+    assert a[0]["kl_full"] is not None  # a small vocabulary: full logits by default, so kl_full is logged
+    assert torch.equal(load_pretrained(str(real / "ref" / "hf")).lm_head.weight,
+                       load_pretrained(str(real / "res" / "hf")).lm_head.weight)
