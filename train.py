@@ -35,8 +35,9 @@ from r3.memory import format_plan, memory_plan
 from r3.metrics import kl_k3, masked_mean, mismatch
 from r3.model import PRESETS
 from r3.plots import plot_run, read_metrics
-from r3.scale import (BIG_VOCAB, FSDP_PARAM_DTYPES, global_mean, global_sum, load_policy, my_shards, save_hf_checkpoint,
-                      shard_generator_name, shard_seed, sync_engine, token_logp)
+from r3.scale import (FSDP_PARAM_DTYPES, global_mean, global_sum, load_policy, my_shards, save_hf_checkpoint,
+                      shard_generator_name, shard_seed, sync_engine)
+from r3.score import FULL_VOCAB_MAX, token_logp
 from r3.tasks import EOS, PAD, make_task
 from r3.warmup import warmed_up_model
 
@@ -214,7 +215,7 @@ def main(argv=None):
         model, warm_path = warmed_up_model(cfg, task, args.task, steps=args.warmup_steps, seed=args.seed)
         engine = Engine(model, args.rollout_dtype)
     max_new = args.max_new_tokens or task.max_new_tokens
-    chunk = args.logprob_chunk if args.logprob_chunk is not None else (1024 if cfg.vocab_size > BIG_VOCAB else 0)
+    chunk = args.logprob_chunk if args.logprob_chunk is not None else (1024 if cfg.vocab_size > FULL_VOCAB_MAX else 0)
     num_shards = args.shards or world
     if args.prompts_per_step % num_shards:
         sys.exit(f"error: --prompts-per-step {args.prompts_per_step} does not split into {num_shards} equal shards")

@@ -108,7 +108,8 @@ def table(rows: list[dict], dtype: str) -> str:
         body.append([r["row"], f"{fmt(r['kl'], 1e3)} ± {fmt(r['kl_se'], 1e3, 2)}", fmt(r["kl"] / dense_kl),
                      fmt(r["kl_full"], 1e3), fmt(r["extreme_frac"]), fmt(r["router_flip_rate"]),
                      fmt(r["token_flip_rate"]), fmt(r["flips_per_token"]),
-                     "—" if r["kl_flipped"] is None else f"{fmt(r['kl_flipped'], 1e3)} / {fmt(r['kl_unflipped'], 1e3)}",
+                     "—" if r["kl_flipped"] is None
+                     else f"{fmt(r['kl_flipped'], 1e3)} / {fmt(r['kl_unflipped'], 1e3)}",
                      str(r["n_tokens"]),
                      fmt(r["reward_mean"])])
     for name in ROWS:

@@ -25,17 +25,14 @@ import os
 import shutil
 
 import torch
-import torch.nn.functional as F
 
 from r3.engine import Engine
 from r3.fsdp import (all_reduce_sum, apply_fsdp, gather_full_state_dict, is_distributed,
                      load_full_state_dict_broadcast, meta_model)
 from r3.hf import load_config, load_pretrained, save_pretrained
-from r3.memory import chunked_logprobs
 from r3.model import Transformer
 
 FSDP_PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-BIG_VOCAB = 4096  # above this, the default is chunked log-probs and no full rollout distribution (no kl_full)
 
 
 def shard_generator_name(shard: int) -> str:
@@ -82,36 +79,6 @@ def sync_engine(model: Transformer, engine: Engine, plain: Transformer | None) -
         return
     plain.load_state_dict(gather_full_state_dict(model, rank0_only=False))
     engine.sync(plain)
-
-
-def token_logp(model: Transformer, tokens_BT: torch.Tensor, valid_BT: torch.Tensor, routes, *, temperature: float,
-               chunk: int, with_entropy: bool = False):
-    """Trainer log-probs of tokens[:, 1:] given tokens[:, :-1]: (logp [B, T-1], full log-softmax [B, T-1, V] or
-    None when chunked, routes used, entropy [B, T-1] or None). chunk = 0: full logits; > 0: `chunked_logprobs`."""
-    inputs, targets, valid = tokens_BT[:, :-1], tokens_BT[:, 1:], valid_BT[:, :-1]
-    if chunk == 0:
-        logits, used = model(inputs, valid_BT=valid, routes_BTLK=routes)
-        logp_V = (logits.float() / temperature).log_softmax(-1)
-        ent = -(logp_V.exp() * logp_V).sum(-1) if with_entropy else None
-        return logp_V.gather(-1, targets[..., None])[..., 0], logp_V, used, ent
-    hidden, used = model(inputs, valid_BT=valid, routes_BTLK=routes, return_hidden=True)
-    weight = model.lm_head.weight
-    logp = chunked_logprobs(hidden, weight, targets, chunk=chunk, temperature=temperature)
-    ent = chunked_entropy(hidden.detach(), weight.detach(), chunk=chunk, temperature=temperature) \
-        if with_entropy else None
-    return logp, None, used, ent
-
-
-@torch.no_grad()
-def chunked_entropy(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, *, chunk: int,
-                    temperature: float = 1.0) -> torch.Tensor:
-    """Shannon entropy [B, T] of softmax(hidden · Wᵀ / temperature), `chunk` positions at a time."""
-    B, T, D = hidden_BTD.shape
-    h_ND, out = hidden_BTD.reshape(B * T, D), torch.empty(B * T, device=hidden_BTD.device)
-    for s in range(0, B * T, chunk):
-        lp = (F.linear(h_ND[s:s + chunk], weight_VD).float() / temperature).log_softmax(-1)
-        out[s:s + chunk] = -(lp.exp() * lp).sum(-1)
-    return out.view(B, T)
 
 
 def global_sum(x: float) -> float:

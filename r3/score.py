@@ -19,12 +19,44 @@ rollout's by construction (0 flips), so the informative number is how many the t
 Shape suffixes: B rows  T positions (T-1 scored)  V vocabulary  L MoE layers  K experts per token.
 """
 import torch
+import torch.nn.functional as F
 
 from r3.batch import Batch
+from r3.memory import chunked_logprobs
 from r3.metrics import mismatch
 from r3.model import Transformer
 
 FULL_VOCAB_MAX = 4096  # keep the [B, T-1, V] log-softmax only up to this vocabulary size (toy: always)
+
+
+def token_logp(model: Transformer, tokens_BT: torch.Tensor, valid_BT: torch.Tensor, routes, *, temperature: float,
+               chunk: int, with_entropy: bool = False):
+    """Trainer log-probs of tokens[:, 1:] given tokens[:, :-1]: (logp [B, T-1], full log-softmax [B, T-1, V] or
+    None when chunked, routes used, entropy [B, T-1] or None). chunk = 0: full logits; > 0: `chunked_logprobs`."""
+    inputs, targets, valid = tokens_BT[:, :-1], tokens_BT[:, 1:], valid_BT[:, :-1]
+    if chunk == 0:
+        logits, used = model(inputs, valid_BT=valid, routes_BTLK=routes)
+        logp_V = (logits.float() / temperature).log_softmax(-1)
+        ent = -(logp_V.exp() * logp_V).sum(-1) if with_entropy else None
+        return logp_V.gather(-1, targets[..., None])[..., 0], logp_V, used, ent
+    hidden, used = model(inputs, valid_BT=valid, routes_BTLK=routes, return_hidden=True)
+    weight = model.lm_head.weight
+    logp = chunked_logprobs(hidden, weight, targets, chunk=chunk, temperature=temperature)
+    ent = chunked_entropy(hidden.detach(), weight.detach(), chunk=chunk, temperature=temperature) \
+        if with_entropy else None
+    return logp, None, used, ent
+
+
+@torch.no_grad()
+def chunked_entropy(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, *, chunk: int,
+                    temperature: float = 1.0) -> torch.Tensor:
+    """Shannon entropy [B, T] of softmax(hidden · Wᵀ / temperature), `chunk` positions at a time."""
+    B, T, D = hidden_BTD.shape
+    h_ND, out = hidden_BTD.reshape(B * T, D), torch.empty(B * T, device=hidden_BTD.device)
+    for s in range(0, B * T, chunk):
+        lp = (F.linear(h_ND[s:s + chunk], weight_VD).float() / temperature).log_softmax(-1)
+        out[s:s + chunk] = -(lp.exp() * lp).sum(-1)
+    return out.view(B, T)
 
 
 def score(model: Transformer, batch: Batch, *, replay: bool | torch.Tensor = False, temperature: float = 1.0,
@@ -44,14 +76,11 @@ def score(model: Transformer, batch: Batch, *, replay: bool | torch.Tensor = Fal
         routes_in = batch.routes
     else:
         routes_in = None
-    ids_BT, valid_BT = batch.tokens[:, :-1], batch.attn_mask[:, :-1]
-    logits_BTV, routes_BTLK = model(ids_BT, valid_BT=valid_BT, routes_BTLK=routes_in)
-    logp_BTV = (logits_BTV.float() / temperature).log_softmax(-1)
-    mask_BT = batch.loss_mask
-    logp_BT = torch.where(mask_BT, logp_BTV.gather(-1, batch.tokens[:, 1:, None])[..., 0], 0.0)
     if keep_full is None:
-        keep_full = logp_BTV.shape[-1] <= FULL_VOCAB_MAX
-    return dict(logp=logp_BT, logp_V=logp_BTV if keep_full else None, routes=routes_BTLK)
+        keep_full = model.cfg.vocab_size <= FULL_VOCAB_MAX
+    logp_BT, logp_BTV, routes_BTLK, _ = token_logp(model, batch.tokens, batch.attn_mask, routes_in,
+                                                   temperature=temperature, chunk=0 if keep_full else 1024)
+    return dict(logp=torch.where(batch.loss_mask, logp_BT, 0.0), logp_V=logp_BTV, routes=routes_BTLK)
 
 
 @torch.no_grad()
