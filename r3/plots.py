@@ -26,6 +26,13 @@ def plot_run(records: list[dict], path: str, title: str = "") -> None:
                 ax.text(0.5, 0.5, "n/a (dense)", ha="center", transform=ax.transAxes)
                 continue
             ax.plot(steps, [float("nan") if y is None else y for y in ys], label=k, lw=1)
+        if keys == "reward":  # the collapse guard watches this running mean
+            ema, smooth = None, []
+            for r in records:
+                ema = r["reward"] if ema is None else 0.9 * ema + 0.1 * r["reward"]
+                smooth.append(ema)
+            ax.plot(steps, smooth, lw=1.5, label="EMA 0.9")
+            ax.legend(fontsize=7)
         if isinstance(keys, tuple):
             ax.legend(fontsize=7)
         ax.set_title(label, fontsize=9)
