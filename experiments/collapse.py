@@ -72,9 +72,14 @@ def headline(args, rows):
     for (arm, s), r in rows.items():
         steps = [x["step"] for x in r]
         for ax, key in zip(axes, ("reward", "kl", "extreme_frac")):
-            ax.plot(steps, [x[key] for x in r], color=COLORS[arm], alpha=0.7, lw=0.8,
-                    label=arm if s == args.seeds[0] else None)
-    for ax, (key, log) in zip(axes, (("reward", False), ("mismatch kl (k3)", True), ("F(2)", False))):
+            ys = [x[key] for x in r]
+            if key == "reward":  # raw rewards are noisy: plot the EMA the collapse guard watches
+                ema = ys[:1]
+                for y in ys[1:]:
+                    ema.append(0.9 * ema[-1] + 0.1 * y)
+                ys = ema
+            ax.plot(steps, ys, color=COLORS[arm], alpha=0.7, lw=0.8, label=arm if s == args.seeds[0] else None)
+    for ax, (key, log) in zip(axes, (("reward (EMA 0.9)", False), ("mismatch kl (k3)", True), ("F(2)", False))):
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.legend()
@@ -101,14 +106,16 @@ def dose(args):
         dtype, arm = k.split("-")
         table.append(f"| {dtype} | {arm} | {d['collapse_rate']:.0%} | {d['mean_kl']:.2e} | {d['max_kl']:.2e} | "
                      f"{d['final_reward']:.3f} |")
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     dts = ["fp32", "fp16", "bf16", "fp8"]
     for arm in args.arms:
-        axes[0].plot(dts, [data[f"{d}-{arm}"]["mean_kl"] for d in dts], "o-", color=COLORS[arm], label=arm)
-        axes[1].plot(dts, [data[f"{d}-{arm}"]["collapse_rate"] for d in dts], "o-", color=COLORS[arm], label=arm)
+        for ax, key in zip(axes, ("mean_kl", "collapse_rate", "final_reward")):
+            ax.plot(dts, [data[f"{d}-{arm}"][key] for d in dts], "o-", color=COLORS[arm], label=arm)
     axes[0].set_yscale("log")
     axes[0].set_title("mean mismatch kl over the run")
     axes[1].set_title(f"collapse rate ({len(args.dose_seeds)} seeds)")
+    axes[1].set_ylim(-0.05, 1.05)
+    axes[2].set_title("mean final reward (last 20 steps)")
     for ax in axes:
         ax.set_xlabel("rollout precision (mismatch dial)")
         ax.legend()
