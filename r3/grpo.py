@@ -104,7 +104,7 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
             raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")
         clip_frac = _frac((ratio - clipped).abs() > 0, mask)
         ratio_mean = float(ratio.detach()[mask].mean()) if mask.any() else 1.0
-    return value, {"grpo/loss": float(value), "grpo/clip_frac": clip_frac, "grpo/ratio_mean": ratio_mean,
+    return value, {"grpo/loss": float(value.detach()), "grpo/clip_frac": clip_frac, "grpo/ratio_mean": ratio_mean,
                    **is_metrics}
 
 
