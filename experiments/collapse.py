@@ -85,7 +85,8 @@ def headline(args, rows):
         ax.legend()
         if log:
             ax.set_yscale("log")
-    fig.suptitle(f"{args.rollout_dtype} rollout, {len(args.seeds)} seeds; every arm: {args.common}", fontsize=8)
+    fig.suptitle(f"{args.rollout_dtype} rollout, {len(args.seeds)} seeds; every arm: {args.common} "
+                 f"--mini-steps {args.mini_steps} --steps {args.steps}", fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "collapse.png"), dpi=110)
     return "\n".join(lines), {f"{a}-s{s}": m for (a, s), m in summ.items()}
@@ -133,7 +134,8 @@ def main():
     table, data = headline(args, sweep(args, args.rollout_dtype, args.seeds))
     print(table)
     with open(os.path.join(args.out, "collapse.md"), "w") as f:
-        f.write(f"common flags: `{args.common} --steps {args.steps} --rollout-dtype {args.rollout_dtype}`\n\n")
+        f.write(f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps} "
+                f"--rollout-dtype {args.rollout_dtype}`; arms differ only in --replay\n\n")
         f.write(table + "\n")
     with open(os.path.join(args.out, "collapse.json"), "w") as f:
         json.dump(dict(common=args.common, steps=args.steps, rollout_dtype=args.rollout_dtype, runs=data), f,
@@ -142,7 +144,8 @@ def main():
         table, data = dose(args)
         print(table)
         with open(os.path.join(args.out, "dose.md"), "w") as f:
-            f.write(f"common flags: `{args.common} --steps {args.steps}`\n\n{table}\n")
+            f.write(f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps}`; seeds "
+                    f"{args.dose_seeds}\n\n{table}\n")
         with open(os.path.join(args.out, "dose.json"), "w") as f:
             json.dump(data, f, indent=1)
     print(f"wrote {args.out}/collapse.(md|json|png){' and dose.*' if args.dose else ''} in {time.time() - t0:.0f}s")
