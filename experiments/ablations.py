@@ -81,7 +81,7 @@ def main():
     with open(os.path.join(args.out, "ablations.json"), "w") as f:
         json.dump(dict(common=args.common, steps=args.steps, seeds=args.seeds, arms=data), f, indent=1)
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw=dict(width_ratios=[1.4, 1, 1]))
     for i, label in enumerate(args.arms):
         for s in args.seeds:
             r = rows[label, s]
@@ -89,15 +89,23 @@ def main():
             for x in r:
                 ema = x["reward"] if ema is None else 0.9 * ema + 0.1 * x["reward"]
                 ys.append(ema)
-            kw = dict(color=f"C{i}", lw=1, alpha=0.8, label=label if s == args.seeds[0] else None)
-            axes[0].plot([x["step"] for x in r], ys, **kw)
-            axes[1].plot([x["step"] for x in r], [x["kl"] for x in r], **kw)
+            axes[0].plot([x["step"] for x in r], ys, color=f"C{i}", lw=1, alpha=0.8,
+                         label=label if s == args.seeds[0] else None)
+    ys = range(len(args.arms))[::-1]
+    for y, label in zip(ys, args.arms):  # bars: mean over seeds; dots: each seed
+        d = data[label]
+        axes[1].barh(y, d["final_reward"], color="lightgray")
+        axes[1].plot(d["per_seed"], [y] * len(d["per_seed"]), "o", color="k", ms=3)
+        axes[2].barh(y, d["mean_kl"], color="lightsteelblue")
+    for ax in axes[1:]:
+        ax.set_yticks(list(ys), args.arms, fontsize=8)
+    axes[1].set_xlim(min(min(d["per_seed"]) for d in data.values()) - 0.05, 1.0)
     axes[0].set_title("reward (EMA 0.9)")
-    axes[1].set_title("mismatch kl (k3)")
-    axes[1].set_yscale("log")
+    axes[0].set_xlabel("step")
     axes[0].legend(fontsize=7)
-    for ax in axes:
-        ax.set_xlabel("step")
+    axes[1].set_title("final reward (bar: mean, dots: seeds)")
+    axes[2].set_title("mean mismatch kl over the run")
+    axes[2].set_xscale("log")
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, "ablations.png"), dpi=110)
     print(f"wrote {args.out}/ablations.(md|json|png) in {time.time() - t0:.0f}s")
