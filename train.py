@@ -38,7 +38,7 @@ from r3.plots import plot_run, read_metrics
 from r3.scale import (FSDP_PARAM_DTYPES, global_mean, global_sum, load_policy, my_shards, save_hf_checkpoint,
                       shard_generator_name, shard_seed, sync_engine)
 from r3.score import FULL_VOCAB_MAX, token_logp
-from r3.tasks import EOS, PAD, make_task
+from r3.tasks import EOS, PAD, make_task, reward_batch
 from r3.warmup import warmed_up_model
 
 
@@ -276,13 +276,10 @@ def main(argv=None):
                                         pad_id=pad_id, group_size=args.group_size, temperature=args.temperature,
                                         top_p=args.top_p, generator=gens[shard_generator_name(s)],
                                         keep_logits=chunk == 0)
-                # 2. rewards and advantages
-                scored = [task.reward(batch.tokens[i][batch.response_mask[i]].tolist(), ex[int(batch.group[i])])
-                          for i in range(len(batch))]
-                batch.rewards = torch.tensor([r for r, _ in scored], device=batch.tokens.device)
+                exact = reward_batch(task, batch, ex)  # 2. rewards and advantages
             else:
                 batch = disk[step % len(disk)]
-                scored = None  # rewards come with the rollouts
+                exact = None  # rewards come with the rollouts
             adv, adv_metrics = group_advantages(batch.rewards, batch.group, normalize_std=args.loss != "dr_grpo")
             # 3. old-policy pass (also the mismatch measurement: trainer as it will be used vs engine)
             mask = batch.loss_mask
@@ -301,7 +298,7 @@ def main(argv=None):
             ended = (torch.isin(batch.tokens, eos) & batch.response_mask).any(1)
             tok_parts.append((dict(**mm, entropy=masked_mean(ent, mask)), float(mask.sum())))
             row_parts.append((dict(reward=float(batch.rewards.mean()), response_length=float(lengths.mean()),
-                                   exact=None if scored is None else sum(i["exact"] for _, i in scored) / len(scored),
+                                   exact=exact,
                                    runaway_frac=float(((lengths >= max_new) & ~ended).float().mean())), len(batch)))
             group_parts.append((adv_metrics, len(batch.group.unique())))
         # 4. policy update: each minibatch takes the same rows of every shard; one loss over the whole step
@@ -359,8 +356,8 @@ def main(argv=None):
         bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.1e}")
         if not args.quiet and lead:
             flips = "-" if m["router_flip_rate"] is None else f"{m['router_flip_rate']:.2%}"
-            exact = "-" if m["exact"] is None else f"{m['exact']:.2f}"
-            tqdm.write(f"step {step:4d} | reward {m['reward']:.3f} | exact {exact} | kl {m['kl']:.2e} | "
+            exact_s = "-" if m["exact"] is None else f"{m['exact']:.2f}"
+            tqdm.write(f"step {step:4d} | reward {m['reward']:.3f} | exact {exact_s} | kl {m['kl']:.2e} | "
                        f"F(2) {m['extreme_frac']:.2%} | flips {flips} | gn {m['grad_norm']:.2f} | "
                        f"len {m['response_length']:.1f} | ent {m['entropy']:.3f} | {m['step_time']:.2f}s")
         if guard.new:  # a symptom's onset: keep the weights as they were the moment it appeared
