@@ -17,13 +17,13 @@ import time
 
 import torch
 
-from r3.tasks import rollout
-from r3.warmup import load_model
-from r3.engine import ROLLOUT_DTYPES
 from r3.batch import save_batch
+from r3.engine import ROLLOUT_DTYPES
+from r3.grpo import group_advantages
 from r3.model import PRESETS
 from r3.score import FULL_VOCAB_MAX, mismatch_metrics
-from r3.tasks import make_task
+from r3.tasks import make_task, rollout
+from r3.warmup import load_model
 
 
 def parse_args(argv=None):
@@ -80,9 +80,9 @@ def main(argv=None) -> dict:
     save_batch(batch, args.out)
 
     resp_len = batch.response_mask.sum(1).float()
-    group_std = torch.stack([batch.rewards[batch.group == g].std(unbiased=False) for g in batch.group.unique()])
+    group_std = group_advantages(batch.rewards, batch.group)[1]["reward/group_std"]  # the trainer's definition
     summary = dict(rows=len(batch), response_tokens=int(batch.response_mask.sum()),
-                   reward_mean=float(batch.rewards.mean()), reward_group_std=float(group_std.mean()),
+                   reward_mean=float(batch.rewards.mean()), reward_group_std=group_std,
                    exact_frac=batch.meta["exact_frac"], response_len_mean=float(resp_len.mean()),
                    generate_s=round(gen_s, 2))
     print(f"wrote {args.out} | rows {len(batch)} | {args.rollout_dtype} | reward {summary['reward_mean']:.3f} "
@@ -92,7 +92,8 @@ def main(argv=None) -> dict:
         normal = mismatch_metrics(model, batch, replay=False)
         summary["mismatch"] = normal
         line = (f"mismatch vs fp32 trainer ({normal['n_tokens']} tokens) | kl {normal['kl']:.3e} | "
-                f"kl_full {normal['kl_full']:.3e} | extreme_frac {normal['extreme_frac']:.4f}")
+                f"kl_full {'-' if normal['kl_full'] is None else format(normal['kl_full'], '.3e')} | "
+                f"extreme_frac {normal['extreme_frac']:.4f}")
         if batch.routes is not None:
             r3 = mismatch_metrics(model, batch, replay=True)  # flips: same normal forward, recomputed
             summary["mismatch_r3"] = r3

@@ -58,7 +58,8 @@ def parse_args(argv=None):
     a("--group-size", type=int, default=8, help="samples per prompt (GRPO group size G)")
     a("--lr", type=float, default=3e-4, help="AdamW learning rate")
     a("--lr-warmup", type=int, default=10, help="linear learning-rate warm-up steps (fresh Adam state is jumpy)")
-    a("--grad-clip", type=float, default=1.0, help="max grad norm (the logged grad_norm is before clipping)")
+    a("--grad-clip", type=float, default=1.0,
+      help="max grad norm (the logged grad_norm is the largest pre-clip norm among the step's mini-steps)")
     a("--seed", type=int, default=0, help="seed for init, warm-up, data and sampling")
     a("--warmup-steps", type=int, default=80, help="supervised warm-up steps before RL (cached and shared)")
     a("--mini-steps", type=int, default=4, help="optimizer steps per rollout batch (minibatches); >1 is off-policy")
@@ -223,6 +224,10 @@ def main(argv=None):
     disk = None
     if args.rollouts:  # a run that refuses to start beats one that silently trains without replay
         disk = load_rollouts(args.rollouts, cfg, require_routes=args.replay == "r3")
+        for b in disk:  # π_old must be scored on the engine's scale, or kl and the IS weights are silently wrong
+            if abs(float(b.meta.get("temperature", 1.0)) - args.temperature) > 1e-9:
+                sys.exit(f"error: {b.meta['source']} was sampled at temperature {b.meta.get('temperature')}, but "
+                         f"--temperature is {args.temperature}: pass the rollout's temperature")
         print(f"training on {len(disk)} rollout batch(es) from {args.rollouts}; the engine only serves val/kl")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     gens = dict(data=torch.Generator().manual_seed(args.seed))  # the same on every rank: it draws every prompt
@@ -325,7 +330,7 @@ def main(argv=None):
                                        rollout_logp_BT=b.rollout_logp[rows], is_correction=args.is_correction,
                                        is_cap=args.is_cap, max_len=max_new, denominator=denominator)
                 (loss * world if world > 1 else loss).backward()  # FSDP averages grads over ranks: ×world = sum
-                loss_sum += float(loss)
+                loss_sum += float(loss.detach())
                 parts.append((lm, d))
             loss_value = global_sum(loss_sum)
             gn = clip_grad_norm(model.parameters(), args.grad_clip)
@@ -343,7 +348,8 @@ def main(argv=None):
                  clip_frac=sum(x["grpo/clip_frac"] for x in loss_metrics) / len(loss_metrics),
                  exact=rm["exact"], runaway_frac=rm["runaway_frac"],
                  lr=opt.param_groups[0]["lr"], **global_mean(group_parts),
-                 **{k: sum(x[k] for x in loss_metrics) / len(loss_metrics) for k in loss_metrics[0]})
+                 **{k: sum(x[k] for x in loss_metrics) / len(loss_metrics) for k in loss_metrics[0]
+                    if k not in ("grpo/loss", "grpo/clip_frac")})  # logged above as loss and clip_frac
         if args.val_every and (step + 1) % args.val_every == 0:
             m["val/kl"] = validate(model, engine, val_examples, seed=args.seed, step=step, max_new_tokens=max_new,
                                    eos_ids=eos_ids, pad_id=pad_id, temperature=args.temperature, top_p=args.top_p,

@@ -1,7 +1,8 @@
 """Training checkpoints: written atomically, read without unpickling code.
 
 A checkpoint holds the model, the optimizer, the engine's weights, both RNG streams (data and sampling), the step,
-the collapse guard's state, and the number of metrics lines written, so a killed run resumes bit-identically.
+and the collapse guard's state, so a killed run resumes bit-identically (train.py drops metrics lines logged
+after the checkpoint's step, and recomputes them).
 It is one `torch.save` file of tensors and plain containers, written to `NAME.tmp` and renamed over `NAME`:
 a SIGKILL mid-save leaves the previous checkpoint intact. Loading uses `weights_only=True`.
 """

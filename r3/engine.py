@@ -21,6 +21,7 @@ import torch
 
 from r3.batch import Batch
 from r3.model import KVCache, Transformer
+from r3.routing import routes_dtype
 
 ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -91,7 +92,7 @@ class Engine:
         assert cache.length == T - 1, (cache.length, T)
         routes = None
         if cache.routes is not None:
-            routes = cache.routes[:, :T - 1].to(torch.uint8 if cfg.num_experts <= 256 else torch.int16)
+            routes = cache.routes[:, :T - 1].to(routes_dtype(cfg.num_experts))
         rollout_logits = None
         if keep_logits:
             rollout_logits = torch.zeros(B, T - 1, cfg.vocab_size, device=dev)

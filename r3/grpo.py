@@ -88,7 +88,7 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
         per_seq = (tok * mask).sum(-1) / n
         has = mask.any(-1)
         value = per_seq[has].sum() / (has.sum().clamp(min=1) if denominator is None else denominator)
-        seq_clipped = (s_BT[:, 0] - clipped[:, 0]).detach().abs() > 0
+        seq_clipped = (clipped[:, 0] * A[:, 0] < s_BT[:, 0] * A[:, 0]).detach()
         clip_frac = float(seq_clipped[has].float().mean()) if has.any() else 0.0
         ratio_mean = float(log_s_B[has].detach().exp().mean()) if has.any() else 1.0
     else:
@@ -102,7 +102,7 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
                                           else denominator)
         else:
             raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")
-        clip_frac = _frac((ratio - clipped).abs() > 0, mask)
+        clip_frac = _frac((clipped * A < ratio * A).detach(), mask)  # clipping active: min() took the clipped term
         ratio_mean = float(ratio.detach()[mask].mean()) if mask.any() else 1.0
     return value, {"grpo/loss": float(value.detach()), "grpo/clip_frac": clip_frac, "grpo/ratio_mean": ratio_mean,
                    **is_metrics}

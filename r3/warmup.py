@@ -77,7 +77,7 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
                     progress: bool = True) -> tuple[Transformer, str]:
     """Build `cfg` from `seed`, warm it up on `task` (or load the cached result). Returns (model, path)."""
     key = json.dumps(dict(cfg=dataclasses.asdict(cfg), task=task_spec, steps=steps, seed=seed,
-                          batch_size=batch_size, lr=lr, v=1), sort_keys=True)
+                          batch_size=batch_size, lr=lr, v=2), sort_keys=True)  # v2: 1 thread
     path = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors")
     model = build_model(cfg, seed)
     if os.path.exists(path):

@@ -129,3 +129,11 @@ def test_shard_losses_with_the_step_denominator_sum_to_the_whole_batch_loss(loss
     g_full, = torch.autograd.grad(full, logp)
     g_parts, = torch.autograd.grad(parts, logp)
     assert torch.allclose(g_full, g_parts, atol=1e-6)
+
+
+def test_clip_frac_counts_only_tokens_where_clipping_is_active():
+    # ratio 1.5 with A>0 is clipped (active); ratio 1.5 with A<0 is out of band but min() keeps the unclipped term
+    new = torch.log(torch.tensor([[1.5], [1.5], [1.0]]))
+    _, m = policy_loss(new, torch.zeros(3, 1), torch.tensor([1.0, -1.0, 1.0]), torch.ones(3, 1, dtype=torch.bool),
+                       loss="grpo", clip_low=0.2, clip_high=0.28)
+    assert abs(m["grpo/clip_frac"] - 1 / 3) < 1e-6

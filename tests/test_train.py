@@ -115,3 +115,22 @@ def test_r3_refuses_rollouts_without_routes_naming_the_sample(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
     r = run([*TINY, "--steps", "2", "--rollouts", "rollouts", "--out", "run2"], tmp_path)  # no replay: allowed
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_replay_modes_route_the_update_as_documented(tmp_path):
+    """R2 at one mini-step replays the trainer's own routes, so it is *exactly* no replay; R3 replays the engine's
+    routes, so on the same first batch (same seeds) it removes the routing part of the mismatch."""
+    args = [*TINY, "--steps", "2", "--mini-steps", "1", "--rollout-dtype", "fp8", "--prompts-per-step", "8",
+            "--group-size", "4", "--val-every", "0"]
+    rows = {}
+    for mode in ("none", "r2", "r3"):
+        r = run([*args, "--replay", mode, "--out", mode], tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows[mode] = metrics(tmp_path / mode / "metrics.jsonl")
+    for a, b in zip(rows["none"], rows["r2"]):
+        a, b = dict(a), dict(b)
+        a.pop("step_time"), b.pop("step_time")
+        assert a == b
+    none0, r30 = rows["none"][0], rows["r3"][0]
+    assert none0["reward"] == r30["reward"] and none0["router_flip_rate"] == r30["router_flip_rate"] > 0
+    assert r30["kl"] < none0["kl"]
