@@ -27,12 +27,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments.common import fmt, markdown_table  # noqa: E402
-from r3.tasks import rollout  # noqa: E402
-from r3.warmup import load_model  # noqa: E402
+from r3.metrics import kl_k3, mismatch  # noqa: E402
 from r3.model import PRESETS  # noqa: E402
-from r3.metrics import kl_k3  # noqa: E402
-from r3.score import mismatch_metrics, score  # noqa: E402
-from r3.tasks import make_task  # noqa: E402
+from r3.score import score  # noqa: E402
+from r3.tasks import make_task, rollout  # noqa: E402
+from r3.warmup import load_model  # noqa: E402
 
 PAPER = {  # arXiv 2510.11370, Qwen3-30B-A3B; kl is the k3 estimator
     "dense": dict(kl=0.64e-3),
@@ -65,9 +64,11 @@ def parse_args(argv=None):
 def row_metrics(model, batch, replay: bool, own_routes) -> tuple[dict, torch.Tensor | None]:
     """mismatch_metrics plus kl's standard error over N_CHUNKS chunks of prompts and, for MoE, kl split by
     whether the trainer's own routing flipped ≥ 1 layer of the token. Returns (metrics, routes the forward used)."""
-    s = score(model, batch, replay=replay, temperature=batch.meta["temperature"], keep_full=False)
+    s = score(model, batch, replay=replay, temperature=batch.meta["temperature"])  # one forward per row
     own = s["routes"] if own_routes is None else own_routes
-    m = mismatch_metrics(model, batch, replay, own_routes=own)
+    m = mismatch(s["logp"], batch.rollout_logp, batch.loss_mask, routes_train=own, routes_infer=batch.routes,
+                 logp_train_V=s["logp_V"], logp_infer_V=batch.rollout_logits)
+    m["n_tokens"] = int(batch.loss_mask.sum())
     P = int(batch.group.max()) + 1
     n = min(N_CHUNKS, P)
     bounds = torch.linspace(0, P, n + 1).round().long().tolist()

@@ -15,36 +15,32 @@ import math
 import torch
 
 
-def _mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean of x over the True positions of mask (NaN when there are none)."""
     n = mask.sum()
     if n == 0:
         return float("nan")
     return float((x * mask).sum() / n)
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean of x over the True positions of mask (NaN when there are none)."""
-    return _mean(x, mask)
-
-
 def kl_k3(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor) -> float:
     log_r = (logp_train - logp_infer).double()
-    return _mean(log_r.exp() - 1 - log_r, mask)
+    return masked_mean(log_r.exp() - 1 - log_r, mask)
 
 
 def kl_full(logp_train_V: torch.Tensor, logp_infer_V: torch.Tensor, mask: torch.Tensor) -> float:
     """KL(π_infer ‖ π_train) over the whole vocabulary; inputs are log-probs [..., V]."""
     li, lt = logp_infer_V.double(), logp_train_V.double()
-    return _mean((li.exp() * (li - lt)).sum(-1), mask)
+    return masked_mean((li.exp() * (li - lt)).sum(-1), mask)
 
 
 def extreme_frac(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor, tau: float = 2.0) -> float:
-    return _mean(((logp_train - logp_infer).abs() > math.log(tau)).double(), mask)
+    return masked_mean(((logp_train - logp_infer).abs() > math.log(tau)).double(), mask)
 
 
 def entropy(logp_V: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean Shannon entropy of the full next-token distribution (not the sampled token's −log p)."""
-    return _mean(-(logp_V.exp() * logp_V).sum(-1), mask)
+    return masked_mean(-(logp_V.exp() * logp_V).sum(-1), mask)
 
 
 def flip_stats(routes_a: torch.Tensor | None, routes_b: torch.Tensor | None, mask: torch.Tensor) -> dict:
@@ -55,9 +51,9 @@ def flip_stats(routes_a: torch.Tensor | None, routes_b: torch.Tensor | None, mas
     b = routes_b.long().sort(-1).values
     flipped_BTL = (a != b).any(-1).double()
     flips_BT = flipped_BTL.sum(-1)
-    return dict(router_flip_rate=_mean(flipped_BTL.mean(-1), mask),
-                token_flip_rate=_mean((flips_BT > 0).double(), mask),
-                flips_per_token=_mean(flips_BT, mask))
+    return dict(router_flip_rate=masked_mean(flipped_BTL.mean(-1), mask),
+                token_flip_rate=masked_mean((flips_BT > 0).double(), mask),
+                flips_per_token=masked_mean(flips_BT, mask))
 
 
 def mismatch(logp_train: torch.Tensor, logp_infer: torch.Tensor, mask: torch.Tensor,
