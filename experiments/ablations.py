@@ -4,7 +4,7 @@
 
 Arms (each pair that is compared differs in exactly one flag; everything else is r3.sweep.COMMON):
   GRPO, GRPO+TIS, GRPO+R3, GRPO+TIS+R3, GSPO, GSPO+R3      at --mini-steps 4
-  none / R2 / R3                                          at --mini-steps 1 and 4
+  none / R2 / R3                                          at --mini-steps 1, 2 and 4
 Published orderings to compare with: GRPO+R3 > GRPO+TIS > GRPO; R2 beats R3 at 2 mini-steps, R3 beats R2 at >= 4.
 Writes OUT/ablations.{md,json,png}. Runs are shared with experiments/collapse.py (same folder, same flags).
 """
@@ -34,6 +34,9 @@ ARMS = {  # label: (replay, loss, is_correction, mini_steps)
     "GRPO (1 mini-step)": ("none", "grpo", "none", 1),
     "GRPO+R2 (1 mini-step)": ("r2", "grpo", "none", 1),
     "GRPO+R3 (1 mini-step)": ("r3", "grpo", "none", 1),
+    "GRPO (2 mini-steps)": ("none", "grpo", "none", 2),
+    "GRPO+R2 (2 mini-steps)": ("r2", "grpo", "none", 2),
+    "GRPO+R3 (2 mini-steps)": ("r3", "grpo", "none", 2),
 }
 
 
