@@ -92,7 +92,7 @@ def main():
             for x in r:
                 ema = x["reward"] if ema is None else 0.9 * ema + 0.1 * x["reward"]
                 ys.append(ema)
-            axes[0].plot([x["step"] for x in r], ys, color=f"C{i}", lw=1, alpha=0.8,
+            axes[0].plot([x["step"] for x in r], ys, color=plt.cm.tab20(i % 20), lw=1, alpha=0.8,
                          label=label if s == args.seeds[0] else None)
     ys = range(len(args.arms))[::-1]
     for y, label in zip(ys, args.arms):  # bars: mean over seeds; dots: each seed
