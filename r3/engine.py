@@ -135,7 +135,7 @@ class Engine:
         if T - 1 + C + max_new_tokens > cfg.max_position_embeddings:
             raise ValueError(f"conversation ({T - 1 + C}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
                              f"max_position_embeddings ({cfg.max_position_embeddings})")
-        cache = grow_cache(cache, T - 1 + C + max_new_tokens)
+        cache = cache.grow(T - 1 + C + max_new_tokens)
         logits, _ = self.model(chunk_BC, valid_BT=cvalid_BC, kv_cache=cache)
         toks, gen_valid, logps, _ = self._sample_loop(cache, logits[:, -1], max_new_tokens, eos_ids, pad_id,
                                                       temperature, top_p, generator, False)
@@ -189,20 +189,6 @@ def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
             ids[i, L - len(s):] = torch.tensor(s, dtype=torch.long)
             valid[i, L - len(s):] = True
     return ids, valid
-
-
-def grow_cache(cache: KVCache, max_len: int) -> KVCache:
-    """A cache with room for `max_len` positions holding the same prefix (a copy, no recompute)."""
-    extra = max_len - cache.max_len
-    if extra <= 0:
-        return cache
-    out = KVCache.__new__(KVCache)
-    out.k = torch.nn.functional.pad(cache.k, (0, 0, 0, extra))
-    out.v = torch.nn.functional.pad(cache.v, (0, 0, 0, extra))
-    out.valid = torch.nn.functional.pad(cache.valid, (0, extra))
-    out.routes = None if cache.routes is None else torch.nn.functional.pad(cache.routes, (0, 0, 0, 0, 0, extra))
-    out.length, out.prefill_tokens, out.decode_tokens = cache.length, cache.prefill_tokens, cache.decode_tokens
-    return out
 
 
 def sample(logp_BV: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:

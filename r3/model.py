@@ -119,15 +119,27 @@ class KVCache:
             self.decode_tokens += valid_BT.shape[0]
         self.length += T
 
-    def repeat_interleave(self, n: int) -> "KVCache":
-        """Expand each row to n rows (a prompt prefilled once, shared by a GRPO group of n samples)."""
+    def _like(self, k, v, valid, routes) -> "KVCache":
+        """A cache with these tensors and this cache's length and counters."""
         out = KVCache.__new__(KVCache)
-        out.k = self.k.repeat_interleave(n, dim=1)
-        out.v = self.v.repeat_interleave(n, dim=1)
-        out.valid = self.valid.repeat_interleave(n, dim=0)
-        out.routes = None if self.routes is None else self.routes.repeat_interleave(n, dim=0)
+        out.k, out.v, out.valid, out.routes = k, v, valid, routes
         out.length, out.prefill_tokens, out.decode_tokens = self.length, self.prefill_tokens, self.decode_tokens
         return out
+
+    def repeat_interleave(self, n: int) -> "KVCache":
+        """Expand each row to n rows (a prompt prefilled once, shared by a GRPO group of n samples)."""
+        return self._like(self.k.repeat_interleave(n, dim=1), self.v.repeat_interleave(n, dim=1),
+                          self.valid.repeat_interleave(n, dim=0),
+                          None if self.routes is None else self.routes.repeat_interleave(n, dim=0))
+
+    def grow(self, max_len: int) -> "KVCache":
+        """Room for `max_len` positions, holding the same prefix (a copy, no recompute); self if it already fits."""
+        extra = max_len - self.max_len
+        if extra <= 0:
+            return self
+        return self._like(F.pad(self.k, (0, 0, 0, extra)), F.pad(self.v, (0, 0, 0, extra)),
+                          F.pad(self.valid, (0, extra)),
+                          None if self.routes is None else F.pad(self.routes, (0, 0, 0, 0, 0, extra)))
 
 
 class Attention(nn.Module):

@@ -101,7 +101,8 @@ def summarize(rows: list[dict], tail: int = 20) -> dict:
         best = max(best, ema)
     finite = lambda k: [r[k] for r in rows if r.get(k) is not None and r[k] == r[k]]  # noqa: E731
     return dict(steps=len(rows), final_reward=sum(fin) / len(fin), best_reward_ema=best, collapse_step=collapse,
-                max_kl=max(finite("kl"), default=None), mean_kl=sum(finite("kl")) / max(1, len(finite("kl"))),
+                max_kl=max(finite("kl"), default=None),
+                mean_kl=sum(finite("kl")) / len(finite("kl")) if finite("kl") else None,
                 max_extreme_frac=max(finite("extreme_frac"), default=None),
                 max_grad_norm=max(finite("grad_norm"), default=None),
                 mean_router_flip_rate=(sum(finite("router_flip_rate")) / len(finite("router_flip_rate"))
