@@ -1,8 +1,8 @@
 """Ablations in the style of the paper's Table 1 and Zheng et al. (2512.01374), on the shared toy setting.
 
-  python experiments/ablations.py                       # 2 seeds, fp8 rollout, every arm below
+  python -m experiments.ablations                       # 2 seeds, fp8 rollout, every arm below
 
-Arms (each pair that is compared differs in exactly one flag; everything else is r3.sweep.COMMON):
+Arms (each pair that is compared differs in exactly one flag; everything else is experiments.sweep.COMMON):
   GRPO, GRPO+TIS, GRPO+R3, GRPO+TIS+R3, GSPO, GSPO+R3      at --mini-steps 4
   none / R2 / R3                                          at --mini-steps 1, 2 and 4
 Published orderings to compare with: GRPO+R3 > GRPO+TIS > GRPO; R2 beats R3 at 2 mini-steps, R3 beats R2 at >= 4.
@@ -11,17 +11,16 @@ Writes OUT/ablations.{md,json,png}. Runs are shared with experiments/collapse.py
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from r3.sweep import COMMON, RUNS_DIR, arm_run, read_jsonl, run_all, summarize  # noqa: E402
+from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
+from r3.guard import ema_series
+from r3.io import read_jsonl
 
 ARMS = {  # label: (replay, loss, is_correction, mini_steps)
     "GRPO": ("none", "grpo", "none", 4),
@@ -88,11 +87,7 @@ def main():
     for i, label in enumerate(args.arms):
         for s in args.seeds:
             r = rows[label, s]
-            ema, ys = None, []
-            for x in r:
-                ema = x["reward"] if ema is None else 0.9 * ema + 0.1 * x["reward"]
-                ys.append(ema)
-            axes[0].plot([x["step"] for x in r], ys, color=plt.cm.tab20(i % 20), lw=1, alpha=0.8,
+            axes[0].plot([x["step"] for x in r], ema_series([x["reward"] for x in r]), color=plt.cm.tab20(i % 20), lw=1, alpha=0.8,
                          label=label if s == args.seeds[0] else None)
     ys = range(len(args.arms))[::-1]
     for y, label in zip(ys, args.arms):  # bars: mean over seeds; dots: each seed

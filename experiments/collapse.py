@@ -1,7 +1,7 @@
 """The headline result: no replay vs R3 over several seeds, arms differing only in --replay.
 
-  python experiments/collapse.py                      # 5 seeds x {none, r3}, the calibrated toy setting
-  python experiments/collapse.py --dose               # also: dose-response over rollout precision
+  python -m experiments.collapse                      # 5 seeds x {none, r3}, the calibrated toy setting
+  python -m experiments.collapse --dose               # also: dose-response over rollout precision
 
 Every arm is `train.py <COMMON> --replay ARM --seed S --rollout-dtype D`; COMMON is printed and saved, identical for
 all arms. A run "collapses" at the first step the collapse guard reports reward_drop (reward EMA more than 0.3 below
@@ -11,17 +11,16 @@ Re-running resumes a partly finished sweep.
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import matplotlib  # noqa: E402
+import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from r3.sweep import COMMON, RUNS_DIR, arm_run, read_jsonl, run_all, summarize  # noqa: E402
+from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
+from r3.guard import ema_series
+from r3.io import read_jsonl
 
 COLORS = {"none": "tab:red", "r3": "tab:blue", "r2": "tab:green"}
 
@@ -44,6 +43,7 @@ def parse_args():
 
 
 def fmt(x, spec=".3f"):
+    """A table cell in a fixed format (the tables here compare runs column by column); '—' for None."""
     return "—" if x is None else format(x, spec)
 
 
@@ -74,10 +74,7 @@ def headline(args, rows):
         for ax, key in zip(axes, ("reward", "kl", "extreme_frac")):
             ys = [x[key] for x in r]
             if key == "reward":  # raw rewards are noisy: plot the EMA the collapse guard watches
-                ema = ys[:1]
-                for y in ys[1:]:
-                    ema.append(0.9 * ema[-1] + 0.1 * y)
-                ys = ema
+                ys = ema_series(ys)
             ax.plot(steps, ys, color=COLORS[arm], alpha=0.7, lw=0.8, label=arm if s == args.seeds[0] else None)
     for ax, (key, log) in zip(axes, (("reward (EMA 0.9)", False), ("mismatch kl (k3)", True), ("F(2)", False))):
         ax.set_title(key)

@@ -13,25 +13,24 @@ The paper's Qwen3-30B-A3B numbers (48 MoE layers, SGLang vs Megatron) sit below 
 (MoE ≫ dense, MoE + R3 ≈ dense), not the values; flips_per_token scales with the number of layers.
 
 Writes markdown to stdout, OUT/mismatch_table.json and OUT/mismatch_table.png (kl per precision, log scale).
-  python experiments/mismatch_table.py                     # toy, bf16 fp16 fp8, 512 prompts × 8, 200 warm-up steps
+  python -m experiments.mismatch_table                     # toy, bf16 fp16 fp8, 512 prompts × 8, 200 warm-up steps
 The MoE warm-up is bit-reproducible only at a fixed thread count (--threads, default 1; the dense one is not
 sensitive): a different count gives a slightly different MoE, and its kl moves by about the printed s.e. or more.
 """
 import argparse
 import json
 import os
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments.common import fmt, markdown_table  # noqa: E402
-from r3.metrics import kl_k3, mismatch  # noqa: E402
-from r3.model import PRESETS  # noqa: E402
-from r3.score import score  # noqa: E402
-from r3.tasks import make_task, rollout  # noqa: E402
-from r3.warmup import load_model  # noqa: E402
+from experiments.common import fmt, markdown_table
+from r3.collect import rollout
+from r3.metrics import kl_k3
+from r3.model import PRESETS
+from r3.score import old_policy_pass
+from r3.tasks import make_task
+from r3.warmup import load_model
 
 PAPER = {  # arXiv 2510.11370, Qwen3-30B-A3B; kl is the k3 estimator
     "dense": dict(kl=0.64e-3),
@@ -62,38 +61,37 @@ def parse_args(argv=None):
 
 @torch.no_grad()
 def row_metrics(model, batch, replay: bool, own_routes) -> tuple[dict, torch.Tensor | None]:
-    """mismatch_metrics plus kl's standard error over N_CHUNKS chunks of prompts and, for MoE, kl split by
-    whether the trainer's own routing flipped ≥ 1 layer of the token. Returns (metrics, routes the forward used)."""
-    s = score(model, batch, replay=replay, temperature=batch.meta["temperature"])  # one forward per row
-    own = s["routes"] if own_routes is None else own_routes
-    m = mismatch(s["logp"], batch.rollout_logp, batch.loss_mask, routes_train=own, routes_infer=batch.routes,
-                 logp_train_V=s["logp_V"], logp_infer_V=batch.rollout_logits)
-    m["n_tokens"] = int(batch.loss_mask.sum())
+    """The trainer's old-policy pass metrics plus kl's standard error over N_CHUNKS chunks of prompts and, for MoE,
+    kl split by whether the trainer's own routing flipped >= 1 layer of the token. Returns (metrics, the trainer's
+    own routes)."""
+    o = old_policy_pass(model, batch, replay="r3" if replay else "none", temperature=batch.meta["temperature"],
+                        own_routes=own_routes)  # one forward per row: the MoE + R3 row reuses the MoE row's routes
+    m, own = dict(o.metrics, n_tokens=int(batch.loss_mask.sum())), o.own_routes
     P = int(batch.group.max()) + 1
     n = min(N_CHUNKS, P)
     bounds = torch.linspace(0, P, n + 1).round().long().tolist()
     chunk_masks = [batch.loss_mask & ((batch.group >= lo) & (batch.group < hi))[:, None]
                    for lo, hi in zip(bounds[:-1], bounds[1:])]
-    kls = torch.tensor([kl_k3(s["logp"], batch.rollout_logp, c) for c in chunk_masks])
+    kls = torch.tensor([kl_k3(o.logp, batch.rollout_logp, c) for c in chunk_masks])
     m["kl_se"] = float(kls.std() / n ** 0.5) if n > 1 else float("nan")
     m["kl_flipped"] = m["kl_unflipped"] = None
     if batch.routes is not None:
         flipped_BT = (own.long().sort(-1).values != batch.routes.long().sort(-1).values).any(-1).any(-1)
-        m["kl_flipped"] = kl_k3(s["logp"], batch.rollout_logp, batch.loss_mask & flipped_BT)
-        m["kl_unflipped"] = kl_k3(s["logp"], batch.rollout_logp, batch.loss_mask & ~flipped_BT)
-    return m, s["routes"]
+        m["kl_flipped"] = kl_k3(o.logp, batch.rollout_logp, batch.loss_mask & flipped_BT)
+        m["kl_unflipped"] = kl_k3(o.logp, batch.rollout_logp, batch.loss_mask & ~flipped_BT)
+    return m, own
 
 
 def measure(preset: str, dtype: str, models: dict, task, args) -> list[dict]:
     rows, batches, own = [], {}, None
     for kind in ("dense", "moe"):
         batches[kind], _ = rollout(models[kind], task, num_prompts=args.prompts, group_size=args.samples,
-                                   dtype=dtype, seed=args.seed, temperature=args.temperature, keep_logits=True)
+                                   dtype=dtype, seed=args.seed, temperature=args.temperature, keep_logp_V=True)
     for name, kind, replay in (("dense", "dense", False), ("MoE", "moe", False), ("MoE + R3", "moe", True)):
         b, model = batches[kind], models[kind]
-        m, used = row_metrics(model, b, replay, own)
+        m, routes = row_metrics(model, b, replay, own)
         if name == "MoE":
-            own = used  # the MoE + R3 row reports the flips of this normal forward on the same batch
+            own = routes  # the MoE + R3 row reports the flips of this normal forward on the same batch
         m.update(reward_mean=float(b.rewards.mean()), exact_frac=b.meta["exact_frac"],
                  response_len_mean=float(b.response_mask.sum(1).float().mean()))
         rows.append(dict(preset=preset, dtype=dtype, row=name, **m))

@@ -8,21 +8,19 @@ latency and 0.98x training throughput (i.e. ~1.02x step time) on GPUs with Qwen3
 figures are pending here (no GPU). Recording off (`record_routes=False`) only drops the cache copies: the model
 forward still returns the ids it used (top-k computes them anyway).
 
-    python experiments/overhead.py [--preset toy-wide] [--reps 11] [--out results/overhead.json]
+    python -m experiments.overhead [--preset toy-wide] [--reps 11] [--out results/overhead.json]
 """
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import torch  # noqa: E402
+import torch
 
-from r3.engine import Engine  # noqa: E402
-from r3.model import PRESETS, KVCache, build_model  # noqa: E402
-from r3.moe import check_routes  # noqa: E402
-from r3.routing import DEFAULT_FILE_CODEC, decode_routes, encode_routes  # noqa: E402
+from r3.engine import Engine
+from r3.model import PRESETS, KVCache, build_model
+from r3.moe import check_routes
+from r3.routing import DEFAULT_FILE_CODEC, decode_routes, encode_routes
 
 # CPU time of this process, torch on one thread: robust to other jobs sharing the machine's cores (wall time
 # on a loaded 2-core box swung +-15% between identical arms).

@@ -6,18 +6,16 @@ sequence times the geometry's layers and top-k. Anchors: SGLang / slime / vLLM i
 paper's bit-packed mask. Throughput: random routes (distinct ids in random order), one CPU thread, every codec
 timed side by side within each repetition, median over repetitions, in M token-layers per second of CPU time.
 
-    python experiments/storage.py [--rows 65536] [--reps 5] [--out results/storage.json]
+    python -m experiments.storage [--rows 65536] [--reps 5] [--out results/storage.json]
 """
 import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import torch  # noqa: E402
+import torch
 
-from r3.routing import CODECS, SET_CODECS, decode_routes, encode_routes, encoded_nbytes, row_bits  # noqa: E402
+from r3.routing import CODECS, SET_CODECS, decode_routes, encode_routes, encoded_nbytes, row_bits
 
 GEOMETRIES = {"Qwen3-30B-A3B": (128, 8, 48), "256e-top8": (256, 8, 48), "toy": (8, 2, 4)}
 ANCHORS = {"int32": "SGLang / slime / vLLM wire", "uint8": "verl (R2)", "bitmask": "seed paper (R3)",

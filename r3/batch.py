@@ -46,7 +46,7 @@ class Batch:
     routes: torch.Tensor | None
     rewards: torch.Tensor
     group: torch.Tensor
-    rollout_logits: torch.Tensor | None = None  # [B, T-1, V] engine log-probs (tempered log-softmax) for kl_full
+    rollout_logp_V: torch.Tensor | None = None  # [B, T-1, V] engine log-probs (tempered log-softmax) for kl_full
     meta: dict = field(default_factory=dict)
 
     @property

@@ -59,7 +59,7 @@ class Engine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,
                  group_size: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None, keep_logits: bool = False, record_routes: bool = True,
+                 generator: torch.Generator | None = None, keep_logp_V: bool = False, record_routes: bool = True,
                  return_cache: bool = False):
         """Sample responses; returns a Batch, or (Batch, KVCache) with `return_cache` (for `continue_generation`).
 
@@ -81,7 +81,7 @@ class Engine:
         last_BV = logits[:, -1].repeat_interleave(G, dim=0)
         B = P * G
         toks, gen_valid, logps, all_logps = self._sample_loop(cache, last_BV, max_new_tokens, eos_ids, pad_id,
-                                                              temperature, top_p, generator, keep_logits)
+                                                              temperature, top_p, generator, keep_logp_V)
         N = toks.shape[1]
         T = Lp + N
         tokens = torch.cat([prompt_PL.repeat_interleave(G, 0), toks], 1)
@@ -93,16 +93,16 @@ class Engine:
         routes = None
         if cache.routes is not None:
             routes = cache.routes[:, :T - 1].to(routes_dtype(cfg.num_experts))
-        rollout_logits = None
-        if keep_logits:
-            rollout_logits = torch.zeros(B, T - 1, cfg.vocab_size, device=dev)
-            rollout_logits[:, Lp - 1:] = all_logps
+        rollout_logp_V = None
+        if keep_logp_V:
+            rollout_logp_V = torch.zeros(B, T - 1, cfg.vocab_size, device=dev)
+            rollout_logp_V[:, Lp - 1:] = all_logps
         meta = dict(rollout_dtype=self.dtype_name, prompt_len=Lp, group_size=G, temperature=temperature,
                     top_p=top_p, prefill_tokens_computed=P * Lp, prefill_tokens_requested=B * Lp,
                     num_experts=None if cfg.dense else cfg.num_experts)
         batch = Batch(tokens=tokens, attn_mask=attn_mask, response_mask=response_mask, rollout_logp=rollout_logp,
                       routes=routes, rewards=torch.zeros(B), group=torch.arange(P).repeat_interleave(G),
-                      rollout_logits=rollout_logits, meta=meta)
+                      rollout_logp_V=rollout_logp_V, meta=meta)
         return (batch, cache) if return_cache else batch
 
     @torch.no_grad()
@@ -118,7 +118,7 @@ class Engine:
         marks every sampled response, not the turn tokens. meta counts prefill slots: computed (the new chunk),
         requested (what a fresh prefill of the conversation would compute), reused (requested - computed).
         The cache is appended to (grown by copy when full): continue from the (batch, cache) pair returned last.
-        Rewards restart at 0 and rollout_logits are not kept.
+        Rewards restart at 0 and rollout_logp_V are not kept.
         """
         cfg, dev = self.model.cfg, batch.tokens.device
         B, T = batch.tokens.shape
@@ -154,7 +154,7 @@ class Engine:
         return (out, cache) if return_cache else out
 
     def _sample_loop(self, cache, last_BV, max_new_tokens, eos_ids, pad_id, temperature, top_p, generator,
-                     keep_logits):
+                     keep_logp_V):
         """Decode one token at a time from `last_BV`; returns (tokens, valid, logp, full logp or None), each [B, N]."""
         B, dev = last_BV.shape[0], last_BV.device
         eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
@@ -168,14 +168,14 @@ class Engine:
             toks.append(tok)
             valids.append(valid)
             logps.append(torch.where(valid, logp_BV.gather(-1, tok[:, None])[:, 0], 0.0))
-            if keep_logits:
+            if keep_logp_V:
                 all_logps.append(logp_BV)
             done = done | torch.isin(tok, eos)
             if done.all() or step == max_new_tokens - 1:
                 break
             logits, _ = self.model(tok[:, None], valid_BT=valid[:, None], kv_cache=cache)
             last_BV = logits[:, 0]
-        full = torch.stack(all_logps, 1) if keep_logits else None
+        full = torch.stack(all_logps, 1) if keep_logp_V else None
         return torch.stack(toks, 1), torch.stack(valids, 1), torch.stack(logps, 1), full
 
 

@@ -18,10 +18,18 @@ gradient reduction. Activation checkpointing uses the composable `checkpoint`, w
 unchanged, so state dicts stay HF-named. The root is not resharded after forward (FSDP2's default), so
 `model.lm_head.weight` is the full tensor between forward and backward, as `chunked_logprobs` needs.
 
+train.py's distribution lives here too, behind helpers that are the identity in one process: `load_policy` (the
+trainer, sharded under torchrun, plus a plain copy that feeds an in-process engine), `sync_engine`, `global_sum` /
+`global_mean` (step metrics reduced over ranks, so the collapse guard decides the same everywhere) and
+`save_hf_checkpoint`. The in-process engine keeps a full plain copy of the weights on every rank, re-synced from a
+gathered full state dict after each step: right for toy-sized models and tests, not for 30B (use an external
+engine there).
+
 Left out on purpose: tensor/expert parallelism, HSDP, CPU offload of parameters, and sharded (DCP) checkpoints.
 Loading broadcasts from rank 0, so rank 0 needs host memory for the whole model in the checkpoint's dtype
 (~61 GB in bf16 for Qwen3-30B-A3B); the other ranks read nothing.
 """
+import math
 import os
 
 import torch
@@ -30,8 +38,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from r3.hf import load_config, read_state_dict
+from r3.hf import load_config, load_pretrained, read_state_dict, save_pretrained
+from r3.io import atomic_write
 from r3.model import ModelConfig, Transformer
+
+FSDP_PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def setup_distributed(backend: str | None = None) -> tuple[int, int, torch.device]:
@@ -134,3 +145,75 @@ def clip_grad_norm(params, max_norm: float, norm_type: float = 2.0) -> float:
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return float(total)
+
+
+def load_policy(path: str, *, world: int, device: torch.device, fsdp_param_dtype: str = "bf16",
+                activation_checkpointing: bool = False) -> tuple[Transformer, Transformer | None]:
+    """(trainer, plain copy or None) from an HF checkpoint folder.
+
+    One process: the trainer is the fp32 model (the engine copies it). Under torchrun (world > 1): the trainer is
+    built on meta, sharded with FSDP2 (fp32 master weights, `fsdp_param_dtype` compute, fp32 reduce), and filled
+    by a broadcast from rank 0; every rank also loads a plain fp32 copy that feeds the engine (toy scale).
+    """
+    if world == 1:
+        return load_pretrained(path, dtype=torch.float32, device=device), None
+    plain = load_pretrained(path, dtype=torch.float32, device=device)
+    cfg, _ = load_config(path)
+    model = apply_fsdp(meta_model(cfg), mp=True, param_dtype=FSDP_PARAM_DTYPES[fsdp_param_dtype],
+                       activation_checkpointing=activation_checkpointing)
+    model.to_empty(device=device)
+    load_full_state_dict_broadcast(model, path if dist.get_rank() == 0 else None)
+    return model, plain
+
+
+def sync_engine(model: Transformer, engine, plain: Transformer | None) -> None:
+    """Weight sync trainer → engine; under FSDP through a full state dict gathered on every rank."""
+    if plain is None:
+        engine.sync(model)
+        return
+    plain.load_state_dict(gather_full_state_dict(model, rank0_only=False))
+    engine.sync(plain)
+
+
+def global_sum(x: float) -> float:
+    """Sum of a float over ranks (float64 on the wire; the value itself without a process group)."""
+    if not is_distributed():
+        return x
+    return all_reduce_sum(torch.tensor(x, dtype=torch.float64, device=_wire_device())).item()
+
+
+def global_mean(parts: list[tuple[dict, float]]) -> dict:
+    """Per key, Σ value·weight / Σ weight over this rank's parts and then over all ranks.
+
+    parts: (metrics, weight) pairs with the same keys everywhere. A None value stays None (e.g. kl_full when not
+    computed); a part of weight 0 is skipped (its NaN means "no tokens"); no weight at all gives NaN.
+    One part in one process is returned unchanged, so the one-process loop logs its numbers as they are.
+    """
+    keys = list(parts[0][0])
+    if len(parts) == 1 and not is_distributed():
+        return dict(parts[0][0])
+    acc = torch.zeros(2, len(keys), dtype=torch.float64)
+    for metrics, w in parts:
+        for i, k in enumerate(keys):
+            if metrics[k] is not None and w > 0:
+                acc[0, i] += float(metrics[k]) * w
+                acc[1, i] += w
+    if is_distributed():
+        acc = all_reduce_sum(acc.to(_wire_device())).cpu()
+    return {k: None if parts[0][0][k] is None else (acc[0, i] / acc[1, i]).item() if acc[1, i] > 0 else math.nan
+            for i, k in enumerate(keys)}
+
+
+def _wire_device() -> torch.device:
+    """NCCL reduces CUDA tensors only; gloo takes CPU tensors."""
+    backend = dist.get_backend()
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def save_hf_checkpoint(model: Transformer, path: str, *, dtype: torch.dtype | None) -> None:
+    """Gather the full weights (every rank must call this) and write them on rank 0 in HF layout, atomically.
+    `dtype`: cast while writing (None keeps fp32). Weights only: no optimizer, no RNG."""
+    sd = gather_full_state_dict(model, rank0_only=True)
+    if is_distributed() and dist.get_rank() != 0:
+        return
+    atomic_write(path, lambda tmp: save_pretrained(model, tmp, state_dict=sd, dtype=dtype))

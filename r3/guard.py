@@ -1,4 +1,4 @@
-"""The collapse guard: watches training health for the seed's collapse symptoms (DESIGN.md).
+"""The collapse guard: watches training health for the collapse symptoms the literature reports (README, "Metrics").
 
 Symptoms (each a name in `CollapseGuard.check`'s return):
   nonfinite        loss or pre-clip grad norm is NaN/inf
@@ -13,10 +13,25 @@ only reports; train.py decides to checkpoint and stop or continue (`--on-collaps
 """
 import math
 
+EMA_DECAY = 0.9  # the reward running mean the guard watches, and that plots and tables show
+
+
+def ema_update(prev: float | None, x: float, decay: float = EMA_DECAY) -> float:
+    return x if prev is None else decay * prev + (1 - decay) * x
+
+
+def ema_series(xs, decay: float = EMA_DECAY) -> list[float]:
+    """The running mean the guard computes, at every step."""
+    out, prev = [], None
+    for x in xs:
+        prev = ema_update(prev, x, decay)
+        out.append(prev)
+    return out
+
 
 class CollapseGuard:
     def __init__(self, *, reward_drop: float = 0.3, kl_max: float = 1.0, extreme_max: float = 0.1,
-                 length_frac: float = 0.5, runaway_frac: float = 0.5, ema: float = 0.9, warmup: int = 5):
+                 length_frac: float = 0.5, runaway_frac: float = 0.5, ema: float = EMA_DECAY, warmup: int = 5):
         self.cfg = dict(reward_drop=reward_drop, kl_max=kl_max, extreme_max=extreme_max, length_frac=length_frac,
                         runaway_frac=runaway_frac, ema=ema, warmup=warmup)
         self.reward_ema = None
@@ -40,7 +55,7 @@ class CollapseGuard:
         if not all(math.isfinite(m[k]) for k in ("loss", "grad_norm")):
             fired.append("nonfinite")
         r = m["reward"]
-        self.reward_ema = r if self.reward_ema is None else c["ema"] * self.reward_ema + (1 - c["ema"]) * r
+        self.reward_ema = ema_update(self.reward_ema, r, c["ema"])
         self.n += 1
         if self.n <= c["warmup"]:
             self.len_sum += m["response_length"]

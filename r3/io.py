@@ -3,7 +3,7 @@
 `atomic_write(path, fn)` has `fn(tmp)` write a temporary sibling (a file or a folder), fsyncs it, and renames it over
 `path`: a SIGKILL at any point leaves either the old `path` or the new one, never a torn mix (replacing an existing
 folder takes two renames; a kill between them leaves the old one as `path + ".old"`). `atomic_write_json`
-is the one-line form for small JSON files. `read_jsonl` / `append_jsonl` read and extend a metrics log, one JSON
+is the one-line form for small JSON files. `read_jsonl` / `append_jsonl` / `write_jsonl` read, extend and rewrite a metrics log, one JSON
 object per line.
 """
 import json
@@ -55,6 +55,14 @@ def read_jsonl(path: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def write_jsonl(path: str, records: list[dict]) -> None:
+    """Replace a JSON-lines file atomically (a new file, then a rename)."""
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    atomic_write(path, write)
 
 
 def append_jsonl(path: str, record: dict) -> None:

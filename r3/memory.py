@@ -1,4 +1,4 @@
-"""Memory at scale: a per-GPU plan for FSDP2 training (`--dry-run`), and log-probs that never hold [B, T, V] logits.
+"""Memory at scale: a per-GPU plan for FSDP2 training (`train.py --dry-run`).
 
 `memory_plan` counts parameters from the config and adds up, per GPU:
   static     sharded master params + sharded grads + optimizer state (FSDP2 shards all three over world_size)
@@ -6,15 +6,11 @@
              in param_dtype, plus one block's unsharded gradient before its reduce-scatter
   activations  an *estimate*: with activation checkpointing, every block's input plus one block's working set;
              without, every block's working set. Attention is assumed fused (no [T, T] scores kept)
-  logits     one chunk of `chunked_logprobs`: vocab_chunk positions × V in fp32, ×3 (logits, probs, grad)
+  logits     one chunk of `r3.score.chunked_logprobs`: vocab_chunk positions × V in fp32, ×3 (logits, probs, grad)
 The static part is exact arithmetic; the rest is an estimate good to tens of percent. Allocator fragmentation,
 CUDA context (~0.5-1 GiB) and NCCL buffers are not counted.
-
-`chunked_logprobs` is an autograd Function: the forward keeps only the hidden states and one log-sum-exp per
-position; the backward recomputes each chunk's softmax. So neither pass materialises [B, T, V] at once.
 """
 import torch
-import torch.nn.functional as F
 
 from r3.model import ModelConfig
 
@@ -84,50 +80,3 @@ def format_plan(plan: dict) -> str:
             f"{plan['micro_batch']}")
     width = max(len(r[0]) for r in rows)
     return "\n".join([head] + [f"  {a:<{width}}  {b}" for a, b in rows])
-
-
-class _ChunkedLogprobs(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h_ND, w_VD, targets_N, chunk, temperature):
-        logp, lse = torch.empty(h_ND.shape[0], device=h_ND.device), torch.empty(h_ND.shape[0], device=h_ND.device)
-        for s in range(0, h_ND.shape[0], chunk):
-            z = F.linear(h_ND[s:s + chunk], w_VD).float() / temperature
-            lse[s:s + chunk] = z.logsumexp(-1)
-            logp[s:s + chunk] = z.gather(-1, targets_N[s:s + chunk, None])[:, 0] - lse[s:s + chunk]
-        ctx.save_for_backward(h_ND, w_VD, targets_N, lse)
-        ctx.chunk, ctx.temperature = chunk, temperature
-        return logp
-
-    @staticmethod
-    def backward(ctx, g_N):
-        h_ND, w_VD, targets_N, lse = ctx.saved_tensors
-        gh = torch.empty_like(h_ND) if ctx.needs_input_grad[0] else None
-        gw = torch.zeros(w_VD.shape, dtype=torch.float32, device=w_VD.device) if ctx.needs_input_grad[1] else None
-        for s in range(0, h_ND.shape[0], ctx.chunk):
-            h = h_ND[s:s + ctx.chunk]
-            z = F.linear(h, w_VD).float() / ctx.temperature
-            dz = -(z - lse[s:s + ctx.chunk, None]).exp()  # d logp / dz = onehot − softmax
-            dz.scatter_add_(-1, targets_N[s:s + ctx.chunk, None], torch.ones_like(dz[:, :1]))
-            dz = (dz * (g_N[s:s + ctx.chunk, None] / ctx.temperature)).to(w_VD.dtype)
-            if gh is not None:
-                gh[s:s + ctx.chunk] = dz @ w_VD
-            if gw is not None:
-                gw += (dz.T @ h).float()
-        return gh, None if gw is None else gw.to(w_VD.dtype), None, None, None
-
-
-def chunked_logprobs(hidden_BTD: torch.Tensor, lm_head_weight: torch.Tensor, targets_BT: torch.Tensor,
-                     chunk: int = 1024, temperature: float = 1.0) -> torch.Tensor:
-    """log softmax(hidden · Wᵀ / temperature)[target], [B, T] fp32, computed `chunk` positions at a time.
-
-    Equal to `(hidden @ W.T).float().div(temperature).log_softmax(-1).gather(-1, targets)` and its gradients, but
-    the largest temporary is [chunk, V] in the forward and in the backward.
-    """
-    B, T, D = hidden_BTD.shape
-    if targets_BT.shape != (B, T):
-        raise ValueError(f"targets shape {tuple(targets_BT.shape)} != hidden's [B, T] = [{B}, {T}]")
-    if lm_head_weight.shape[1] != D:
-        raise ValueError(f"lm_head weight {tuple(lm_head_weight.shape)} does not take hidden size {D}")
-    logp_N = _ChunkedLogprobs.apply(hidden_BTD.reshape(B * T, D), lm_head_weight, targets_BT.reshape(-1).long(),
-                                    chunk, temperature)
-    return logp_N.view(B, T)

@@ -1,4 +1,4 @@
-"""Train/inference mismatch metrics, exactly as DESIGN.md defines them.
+"""Train/inference mismatch metrics, with the formulas the README's "Metrics" table gives.
 
 All per-token quantities are indexed by input position p (scoring token p+1) and averaged over `mask`, the valid
 response positions (`Batch.loss_mask`): never the prompt, never padding.

@@ -1,6 +1,6 @@
 """A small, self-contained Qwen3-MoE transformer (and its dense twin), written to match HF `Qwen3MoeForCausalLM`.
 
-Architecture (DESIGN.md): RMSNorm computed in fp32 then multiplied by the weight; rotate_half RoPE; GQA attention
+Architecture: RMSNorm computed in fp32 then multiplied by the weight; rotate_half RoPE; GQA attention
 with per-head RMSNorm on q and k before RoPE; every layer sparse (see `r3/moe.py`); untied `lm_head`.
 Parameter names are HF's (`model.layers.3.self_attn.q_proj.weight`, `model.layers.3.mlp.gate.weight`, ...) except
 that the experts of a layer are stacked into three [E, ., .] tensors.

@@ -1,50 +1,125 @@
 """Re-score a rollout `Batch` with the trainer: the fp32 full forward that the policy gradient is computed from.
 
-`score` is the training-side half of the train/inference mismatch. It runs one forward over `tokens[:, :-1]`
-(`valid_BT = attn_mask[:, :-1]`, so padding is invisible) and returns, per input position p, the log-prob the trainer
+This is the training-side half of the train/inference mismatch. One forward over `tokens[:, :-1]`
+(`valid_BT = attn_mask[:, :-1]`, so padding is invisible) gives, per input position p, the log-prob the trainer
 gives the token the engine sampled at p+1: the same indexing as `Batch.rollout_logp`, so the two line up 1:1.
 
-  replay=False    the router's own top-k (the "no replay" arm)
-  replay=True     the engine's recorded `batch.routes` (R3)
-  replay=tensor   any [B, T-1, L, K] expert ids (e.g. R2: the old policy's own routes)
+  token_logp       one forward → `TokenLogp(logp, logp_V, routes, entropy)`; with autograd (the update calls it)
+  old_policy_pass  the step's no-grad pass: log π_old, the routes the update will replay, the trainer's own
+                   routes, and every mismatch metric. train.py, rollout.py and experiments/mismatch_table.py all
+                   measure the mismatch through it, so the numbers mean the same thing everywhere.
+  score            `token_logp` over a Batch, zero off `loss_mask`, replaying the recorded routes on request
+
+Replay modes: "none" (the router's own top-k), "r3" (the engine's recorded `batch.routes`), "r2" (the update
+replays the routes this pass used; the pass itself routes normally).
+Flip statistics always compare the trainer's *own* routing (a normal forward) with the rollout routes: under
+replay the routes used are the rollout's by construction (0 flips), so the informative number is how many the
+trainer would have flipped. Under "r3" that costs one more no-grad forward, unless `own_routes` is passed.
 
 Log-probs use the engine's sampling temperature (logits / temperature), as the engine's `rollout_logp` does.
-`score` does not switch off autograd: the trainer calls it for its loss; wrap it in `torch.no_grad()` to measure.
 Top-p is not applied to either side: both log-probs are of the full tempered softmax.
+Large vocabularies (`chunk` > 0): `chunked_logprobs` never builds [B, T, V] logits (its backward recomputes each
+chunk's softmax), the entropy is computed chunk by chunk, and `logp_V` / kl_full are None.
 
-`mismatch_metrics` wraps `score` into `r3.metrics.mismatch` over `batch.loss_mask`. Its flip statistics always
-compare the trainer's *own* routing (a normal forward) with the rollout routes: under replay the routes used are the
-rollout's by construction (0 flips), so the informative number is how many the trainer would have flipped.
-
-Shape suffixes: B rows  T positions (T-1 scored)  V vocabulary  L MoE layers  K experts per token.
+Shape suffixes: B rows  T positions (T-1 scored)  V vocabulary  D hidden  L MoE layers  K experts per token.
 """
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from r3.batch import Batch
-from r3.memory import chunked_logprobs
-from r3.metrics import mismatch
+from r3.metrics import masked_mean, mismatch
 from r3.model import Transformer
 
 FULL_VOCAB_MAX = 4096  # keep the [B, T-1, V] log-softmax only up to this vocabulary size (toy: always)
+REPLAY_MODES = ("none", "r2", "r3")
+
+
+def default_chunk(vocab_size: int) -> int:
+    """Positions per lm_head chunk: 0 (full logits) for small vocabularies, else 1024."""
+    return 0 if vocab_size <= FULL_VOCAB_MAX else 1024
+
+
+class TokenLogp(NamedTuple):
+    logp: torch.Tensor                 # [B, T-1] log π(tokens[:, p+1])
+    logp_V: torch.Tensor | None        # [B, T-1, V] full log-softmax; None when chunked
+    routes: torch.Tensor | None        # [B, T-1, L, K] expert ids the forward used; None when dense
+    entropy: torch.Tensor | None       # [B, T-1]; None unless asked for
 
 
 def token_logp(model: Transformer, tokens_BT: torch.Tensor, valid_BT: torch.Tensor, routes, *, temperature: float,
-               chunk: int, with_entropy: bool = False):
-    """Trainer log-probs of tokens[:, 1:] given tokens[:, :-1]: (logp [B, T-1], full log-softmax [B, T-1, V] or
-    None when chunked, routes used, entropy [B, T-1] or None). chunk = 0: full logits; > 0: `chunked_logprobs`."""
+               chunk: int, with_entropy: bool = False) -> TokenLogp:
+    """Trainer log-probs of tokens[:, 1:] given tokens[:, :-1], replaying `routes` when given.
+    chunk = 0: full logits; > 0: `chunked_logprobs`, `chunk` positions at a time."""
     inputs, targets, valid = tokens_BT[:, :-1], tokens_BT[:, 1:], valid_BT[:, :-1]
     if chunk == 0:
         logits, used = model(inputs, valid_BT=valid, routes_BTLK=routes)
         logp_V = (logits.float() / temperature).log_softmax(-1)
         ent = -(logp_V.exp() * logp_V).sum(-1) if with_entropy else None
-        return logp_V.gather(-1, targets[..., None])[..., 0], logp_V, used, ent
+        return TokenLogp(logp_V.gather(-1, targets[..., None])[..., 0], logp_V, used, ent)
     hidden, used = model(inputs, valid_BT=valid, routes_BTLK=routes, return_hidden=True)
     weight = model.lm_head.weight
     logp = chunked_logprobs(hidden, weight, targets, chunk=chunk, temperature=temperature)
     ent = chunked_entropy(hidden.detach(), weight.detach(), chunk=chunk, temperature=temperature) \
         if with_entropy else None
-    return logp, None, used, ent
+    return TokenLogp(logp, None, used, ent)
+
+
+class OldPolicy(NamedTuple):
+    logp: torch.Tensor                 # [B, T-1] log π_old (not masked)
+    routes: torch.Tensor | None        # what the update replays: None (none), batch.routes (r3), this pass's (r2)
+    own_routes: torch.Tensor | None    # the trainer's own top-k on this batch (a normal forward)
+    metrics: dict                      # r3.metrics.mismatch + entropy, over batch.loss_mask
+
+
+@torch.no_grad()
+def old_policy_pass(model: Transformer, batch: Batch, *, replay: str = "none", temperature: float = 1.0,
+                    chunk: int | None = None, own_routes: torch.Tensor | None = None) -> OldPolicy:
+    """The trainer's no-grad pass over a rollout: π_old, the routes to replay, and the mismatch vs the engine.
+
+    The forward replays the engine's routes under "r3" (π_old is then the policy the update starts from), and
+    routes normally otherwise. `own_routes`: the trainer's own routes on this batch if already known (skips the
+    extra forward that flip statistics need under "r3").
+    """
+    if replay not in REPLAY_MODES:
+        raise ValueError(f"replay must be one of {REPLAY_MODES}, got {replay!r}")
+    if replay == "r3" and batch.routes is None:
+        raise ValueError("replay 'r3' but the batch has no recorded routes (dense model, or routes dropped)")
+    chunk = default_chunk(model.cfg.vocab_size) if chunk is None else chunk
+    out = token_logp(model, batch.tokens, batch.attn_mask, batch.routes if replay == "r3" else None,
+                     temperature=temperature, chunk=chunk, with_entropy=True)
+    own = out.routes if replay != "r3" else own_routes
+    if own is None and replay == "r3":  # flips compare the trainer's *own* routing with the engine's
+        own = model(batch.tokens[:, :-1], valid_BT=batch.attn_mask[:, :-1], return_hidden=True)[1]
+    mask = batch.loss_mask
+    metrics = mismatch(out.logp, batch.rollout_logp, mask, own, batch.routes, out.logp_V, batch.rollout_logp_V)
+    metrics["entropy"] = masked_mean(out.entropy, mask)
+    update_routes = {"none": None, "r3": batch.routes, "r2": out.routes}[replay]
+    return OldPolicy(out.logp, update_routes, own, metrics)
+
+
+def score(model: Transformer, batch: Batch, *, replay: bool | torch.Tensor = False, temperature: float = 1.0,
+          keep_full: bool | None = None) -> TokenLogp:
+    """Trainer forward over a rollout batch, with autograd (wrap in `torch.no_grad()` to measure).
+
+    replay: False (the router's own top-k), True (the recorded `batch.routes`), or any [B, T-1, L, K] ids.
+    Returns `TokenLogp` with `logp` zeroed off `batch.loss_mask`; `logp_V` unless keep_full is False (default:
+    kept when V <= FULL_VOCAB_MAX); no entropy.
+    """
+    if isinstance(replay, torch.Tensor):
+        routes_in = replay
+    elif replay:
+        if batch.routes is None:
+            raise ValueError("replay=True but the batch has no recorded routes (dense model, or routes dropped)")
+        routes_in = batch.routes
+    else:
+        routes_in = None
+    if keep_full is None:
+        keep_full = model.cfg.vocab_size <= FULL_VOCAB_MAX
+    out = token_logp(model, batch.tokens, batch.attn_mask, routes_in, temperature=temperature,
+                     chunk=0 if keep_full else 1024)
+    return out._replace(logp=torch.where(batch.loss_mask, out.logp, 0.0))
 
 
 @torch.no_grad()
@@ -59,49 +134,48 @@ def chunked_entropy(hidden_BTD: torch.Tensor, weight_VD: torch.Tensor, *, chunk:
     return out.view(B, T)
 
 
-def score(model: Transformer, batch: Batch, *, replay: bool | torch.Tensor = False, temperature: float = 1.0,
-          keep_full: bool | None = None) -> dict:
-    """Trainer forward over a rollout batch.
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h_ND, w_VD, targets_N, chunk, temperature):
+        logp, lse = torch.empty(h_ND.shape[0], device=h_ND.device), torch.empty(h_ND.shape[0], device=h_ND.device)
+        for s in range(0, h_ND.shape[0], chunk):
+            z = F.linear(h_ND[s:s + chunk], w_VD).float() / temperature
+            lse[s:s + chunk] = z.logsumexp(-1)
+            logp[s:s + chunk] = z.gather(-1, targets_N[s:s + chunk, None])[:, 0] - lse[s:s + chunk]
+        ctx.save_for_backward(h_ND, w_VD, targets_N, lse)
+        ctx.chunk, ctx.temperature = chunk, temperature
+        return logp
 
-    Returns a dict:
-      logp    [B, T-1]     log π_train(tokens[:, p+1]), 0 where `batch.loss_mask` is False
-      logp_V  [B, T-1, V]  full log-softmax (None unless keep_full, default: V <= FULL_VOCAB_MAX)
-      routes  [B, T-1, L, K] long, the expert ids the forward used (None for a dense model)
+    @staticmethod
+    def backward(ctx, g_N):
+        h_ND, w_VD, targets_N, lse = ctx.saved_tensors
+        gh = torch.empty_like(h_ND) if ctx.needs_input_grad[0] else None
+        gw = torch.zeros(w_VD.shape, dtype=torch.float32, device=w_VD.device) if ctx.needs_input_grad[1] else None
+        for s in range(0, h_ND.shape[0], ctx.chunk):
+            h = h_ND[s:s + ctx.chunk]
+            z = F.linear(h, w_VD).float() / ctx.temperature
+            dz = -(z - lse[s:s + ctx.chunk, None]).exp()  # d logp / dz = onehot − softmax
+            dz.scatter_add_(-1, targets_N[s:s + ctx.chunk, None], torch.ones_like(dz[:, :1]))
+            dz = (dz * (g_N[s:s + ctx.chunk, None] / ctx.temperature)).to(w_VD.dtype)
+            if gh is not None:
+                gh[s:s + ctx.chunk] = dz @ w_VD
+            if gw is not None:
+                gw += (dz.T @ h).float()
+        return gh, None if gw is None else gw.to(w_VD.dtype), None, None, None
+
+
+def chunked_logprobs(hidden_BTD: torch.Tensor, lm_head_weight: torch.Tensor, targets_BT: torch.Tensor,
+                     chunk: int = 1024, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(hidden · Wᵀ / temperature)[target], [B, T] fp32, computed `chunk` positions at a time.
+
+    Equal to `(hidden @ W.T).float().div(temperature).log_softmax(-1).gather(-1, targets)` and its gradients, but
+    the largest temporary is [chunk, V] in the forward and in the backward.
     """
-    if isinstance(replay, torch.Tensor):
-        routes_in = replay
-    elif replay:
-        if batch.routes is None:
-            raise ValueError("replay=True but the batch has no recorded routes (dense model, or routes dropped)")
-        routes_in = batch.routes
-    else:
-        routes_in = None
-    if keep_full is None:
-        keep_full = model.cfg.vocab_size <= FULL_VOCAB_MAX
-    logp_BT, logp_BTV, routes_BTLK, _ = token_logp(model, batch.tokens, batch.attn_mask, routes_in,
-                                                   temperature=temperature, chunk=0 if keep_full else 1024)
-    return dict(logp=torch.where(batch.loss_mask, logp_BT, 0.0), logp_V=logp_BTV, routes=routes_BTLK)
-
-
-@torch.no_grad()
-def mismatch_metrics(model: Transformer, batch: Batch, replay: bool | torch.Tensor = False, *,
-                     temperature: float | None = None, own_routes: torch.Tensor | None = None) -> dict:
-    """`r3.metrics.mismatch` of the trainer vs the rollout engine on `batch`, plus `n_tokens`.
-
-    kl / extreme_frac use `batch.rollout_logp`; kl_full needs `batch.rollout_logits` (engine `keep_logits=True`).
-    temperature defaults to the one recorded in `batch.meta` (the engine's), else 1.0.
-    Flip stats: normal-forward routes vs `batch.routes` (None for dense). Under replay that is an extra forward,
-    unless `own_routes` (the `routes` of an earlier `score(..., replay=False)` on the same batch) is passed.
-    """
-    if temperature is None:
-        temperature = float(batch.meta.get("temperature", 1.0))
-    out = score(model, batch, replay=replay, temperature=temperature)
-    routes_own = out["routes"]
-    is_replay = isinstance(replay, torch.Tensor) or bool(replay)
-    if batch.routes is not None and is_replay:
-        routes_own = own_routes if own_routes is not None else score(
-            model, batch, replay=False, temperature=temperature, keep_full=False)["routes"]
-    m = mismatch(out["logp"], batch.rollout_logp, batch.loss_mask, routes_train=routes_own,
-                 routes_infer=batch.routes, logp_train_V=out["logp_V"], logp_infer_V=batch.rollout_logits)
-    m["n_tokens"] = int(batch.loss_mask.sum())
-    return m
+    B, T, D = hidden_BTD.shape
+    if targets_BT.shape != (B, T):
+        raise ValueError(f"targets shape {tuple(targets_BT.shape)} != hidden's [B, T] = [{B}, {T}]")
+    if lm_head_weight.shape[1] != D:
+        raise ValueError(f"lm_head weight {tuple(lm_head_weight.shape)} does not take hidden size {D}")
+    logp_N = _ChunkedLogprobs.apply(hidden_BTD.reshape(B * T, D), lm_head_weight, targets_BT.reshape(-1).long(),
+                                    chunk, temperature)
+    return logp_N.view(B, T)

@@ -8,14 +8,13 @@ One shared 16-token vocabulary:  0-9 digits | + | = | SORT | REV | <eos> | <pad>
 The reward is dense: the fraction of answer positions the response gets right (a response that is too long or too
 short is scored against the longer of the two), so GRPO groups have variance from the start. `info["exact"]` says
 whether the whole answer, EOS included, was right.
+
+Tasks sit at the bottom of the import graph: they know token ids and rewards, nothing about models or engines
+(`r3/collect.py` samples and rewards them).
 """
 from dataclasses import dataclass
 
 import torch
-
-from r3.batch import Batch
-from r3.engine import Engine
-from r3.model import Transformer
 
 VOCAB = [str(d) for d in range(10)] + ["+", "=", "SORT", "REV", "<eos>", "<pad>"]
 TOK = {s: i for i, s in enumerate(VOCAB)}
@@ -103,33 +102,3 @@ def make_task(spec: str) -> Task:
 
 def decode(ids: list[int]) -> str:
     return " ".join(VOCAB[i] for i in ids)
-
-
-def reward_batch(task: Task, batch: Batch, examples: list[Example]) -> float:
-    """Fill `batch.rewards` from each row's response (row i answers `examples[batch.group[i]]`); returns the
-    fraction of exactly right answers."""
-    exact = 0
-    for i in range(len(batch)):
-        reward, info = task.reward(batch.tokens[i][batch.response_mask[i]].tolist(), examples[int(batch.group[i])])
-        batch.rewards[i] = reward
-        exact += info["exact"]
-    return exact / len(batch)
-
-
-@torch.no_grad()
-def rollout(model: Transformer, task: Task, *, num_prompts: int, group_size: int, dtype: str, seed: int,
-            temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
-            keep_logits: bool = False) -> tuple[Batch, list[Example]]:
-    """Sample prompts from `task` (seeded), generate at rollout precision `dtype`, fill `rewards` and meta.
-
-    One generator, seeded once, draws the prompts and then the samples: same seed, same batch, bit for bit.
-    """
-    g = torch.Generator().manual_seed(seed)
-    examples = task.sample(num_prompts, g)
-    batch = Engine(model, dtype).generate(
-        [e.prompt for e in examples], max_new_tokens=max_new_tokens or task.max_new_tokens, eos_ids=(EOS,),
-        pad_id=PAD, group_size=group_size, temperature=temperature, top_p=top_p, generator=g,
-        keep_logits=keep_logits)
-    exact = reward_batch(task, batch, examples)
-    batch.meta.update(task=task.name, seed=seed, exact_frac=exact)
-    return batch, examples

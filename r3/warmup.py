@@ -1,10 +1,11 @@
-"""Supervised warm-up: teach the toy model the task format before RL, and cache the result.
+"""Where a toy run's model comes from: a preset, taught the task format by a cached supervised warm-up, or a file.
 
 RL from random init gives all-zero rewards on these tasks, so every arm of an ablation starts from the same
 short supervised warm-up. The checkpoint is cached under a key of everything that determines it (model config,
 task, steps, batch, lr, seed), so arms and seeds that share those share one file, byte for byte. The warm-up always
 runs on one thread: with two, float reduction order differs, the MoE routes a few tokens differently, and the
-weights would depend on the machine.
+weights would depend on the machine. `load_model` is the one entry point for rollout.py and the experiments: a
+preset (warmed up) or a safetensors checkpoint.
 """
 import dataclasses
 import hashlib
@@ -13,10 +14,9 @@ import os
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from r3.checkpoint import checkpoint_config, load_weights, save_weights
 from r3.model import PRESETS, ModelConfig, Transformer, build_model
 from r3.tasks import EOS, PAD, Task
 
@@ -58,20 +58,6 @@ def supervised_warmup(model: Transformer, task: Task, *, steps: int, batch_size:
     return losses
 
 
-def save_weights(model: Transformer, path: str, meta: dict | None = None) -> None:
-    """safetensors, written to a temp file and renamed, so a killed writer never leaves a half file."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, tmp, metadata={"r3": json.dumps(meta or {})})
-    os.replace(tmp, path)
-
-
-def load_weights(model: Transformer, path: str) -> Transformer:
-    model.load_state_dict(load_file(path), strict=True)
-    return model
-
-
 def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int, seed: int = 0,
                     batch_size: int = 64, lr: float = 3e-3, cache_dir: str = ".cache/warmup",
                     progress: bool = True) -> tuple[Transformer, str]:
@@ -93,23 +79,17 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
     return model, path
 
 
-def checkpoint_config(path: str) -> ModelConfig | None:
-    """The ModelConfig stored in a `save_weights` checkpoint's metadata (warm-up cache key or `cfg`), if any."""
-    with safe_open(path, framework="pt") as f:
-        meta = json.loads((f.metadata() or {}).get("r3", "{}"))
-    cfg = meta.get("cfg") or meta.get("key", {}).get("cfg")
-    return None if cfg is None else ModelConfig(**cfg)
-
-
-def load_model(spec: str, *, dense: bool, task: Task, task_spec: str, warmup_steps: int, init_seed: int,
-               cache_dir: str = ".cache/warmup", arch: str | None = None,
+def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, task_spec: str, warmup_steps: int,
+               init_seed: int, cache_dir: str = ".cache/warmup", arch: str | None = None,
                progress: bool = True) -> tuple[Transformer, str]:
-    """A toy preset (built from init_seed, then warmed up on the task, cached) or a saved safetensors checkpoint.
+    """Preset `spec` (built from init_seed, then warmed up on the task, cached), or the safetensors checkpoint at
+    `path` when given (`r3.checkpoint.save_weights`; its architecture comes from its metadata, else from `arch`).
 
     Returns (model in fp32 eval mode, a one-line description of where it came from).
-    A checkpoint's architecture comes from its metadata; `arch` (a preset name) is the fallback when there is none.
     """
-    if spec in PRESETS:
+    if spec not in PRESETS:
+        raise SystemExit(f"unknown preset {spec!r}; choose from {', '.join(PRESETS)}")
+    if path is None:
         cfg = PRESETS[spec].dense_twin() if dense else PRESETS[spec]
         if warmup_steps > 0:
             model, path = warmed_up_model(cfg, task, task_spec, steps=warmup_steps, seed=init_seed,
@@ -120,13 +100,13 @@ def load_model(spec: str, *, dense: bool, task: Task, task_spec: str, warmup_ste
             model, desc = build_model(cfg, init_seed), f"preset {spec}{' (dense twin)' if dense else ''}, " \
                                                        f"random init seed {init_seed}"
         return model.float().eval(), desc
-    if not os.path.isfile(spec):
-        raise SystemExit(f"--model {spec!r} is neither a preset ({', '.join(PRESETS)}) nor a checkpoint file")
-    cfg = checkpoint_config(spec)
+    if not os.path.isfile(path):
+        raise SystemExit(f"--model {path!r} is not a checkpoint file (a safetensors file from save_weights)")
+    cfg = checkpoint_config(path)
     if cfg is None:
         if arch is None:
-            raise SystemExit(f"{spec}: no model config in the checkpoint metadata; pass --arch PRESET")
+            raise SystemExit(f"{path}: no model config in the checkpoint metadata; pass --arch PRESET")
         cfg = PRESETS[arch].dense_twin() if dense else PRESETS[arch]
     if dense and not cfg.dense:
-        raise SystemExit(f"{spec} is an MoE checkpoint; --dense cannot turn it into the dense twin")
-    return load_weights(Transformer(cfg), spec).float().eval(), f"checkpoint {spec}{' (dense)' if cfg.dense else ''}"
+        raise SystemExit(f"{path} is an MoE checkpoint; --dense cannot turn it into the dense twin")
+    return load_weights(Transformer(cfg), path).float().eval(), f"checkpoint {path}{' (dense)' if cfg.dense else ''}"

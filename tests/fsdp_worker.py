@@ -16,16 +16,14 @@ checks that they load back equal.
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import torch  # noqa: E402
+import torch
 
-from r3.engine import Engine  # noqa: E402
-from r3.fsdp import (all_reduce_sum, apply_fsdp, clip_grad_norm, gather_full_state_dict,  # noqa: E402
+from r3.engine import Engine
+from r3.fsdp import (all_reduce_sum, apply_fsdp, clip_grad_norm, gather_full_state_dict,
                      load_full_state_dict_broadcast, meta_model, setup_distributed)
-from r3.hf import load_pretrained, save_pretrained  # noqa: E402
-from r3.memory import chunked_logprobs  # noqa: E402
+from r3.hf import load_pretrained, save_pretrained
+from r3.score import chunked_logprobs
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("--ckpt", required=True, help="HF-layout checkpoint folder (save_pretrained output)")

@@ -9,10 +9,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("--task sort:3-4 --warmup-steps 3 --prompts-per-step 3 --group-size 2 --val-every 0")
 
 
+ENV = dict(os.environ, PYTHONPATH=ROOT)  # the sweep runs from its own folder; `pip install -e .` does the same
+
+
 def collapse(tmp_path, *extra):
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "collapse.py"), "--seeds", "0", "1", "--steps", "3",
+    cmd = [sys.executable, "-m", "experiments.collapse", "--seeds", "0", "1", "--steps", "3",
            "--common", TINY, "--runs-dir", "runs", "--out", "out", *extra]
-    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=400, env=ENV)
 
 
 def test_collapse_sweep_writes_table_and_resumes(tmp_path):
@@ -29,7 +32,7 @@ def test_collapse_sweep_writes_table_and_resumes(tmp_path):
         assert flags[:i] + flags[i + 2:] == other[:i] + other[i + 2:]
     r = collapse(tmp_path)
     assert r.returncode == 0 and "4 of 4 runs already finished" in r.stdout
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "collapse.py"), "--seeds", "0", "--steps",
+    r = subprocess.run([sys.executable, "-m", "experiments.collapse", "--seeds", "0", "--steps",
                         "3", "--common", TINY + " --lr 1e-2", "--runs-dir", "runs", "--out", "out"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=400)
+                       capture_output=True, text=True, timeout=400, env=ENV)
     assert r.returncode != 0 and "different flags" in r.stderr

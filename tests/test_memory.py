@@ -4,7 +4,8 @@ value and gradient, without ever building [B, T, V] logits."""
 import pytest
 import torch
 
-from r3.memory import GiB, QWEN3_30B_A3B, chunked_logprobs, format_plan, memory_plan, param_counts
+from r3.memory import GiB, QWEN3_30B_A3B, format_plan, memory_plan, param_counts
+from r3.score import chunked_logprobs
 from r3.model import ModelConfig, build_model
 
 
@@ -48,7 +49,7 @@ def test_chunked_logprobs_equal_full_gather_and_grads(chunk, temperature):
 
 def test_chunked_logprobs_never_allocate_full_logits(monkeypatch):
     """Every logits matmul the function runs has at most `chunk` rows, in the forward and in the backward."""
-    import r3.memory as mem
+    import r3.score as mem
     rows = []
     real = mem.F.linear
 

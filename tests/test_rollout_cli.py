@@ -14,9 +14,10 @@ from safetensors.torch import load_file, save_file
 from r3.batch import Batch, load_batch, save_batch
 from r3.model import ModelConfig, build_model
 from r3.moe import RoutesError
+from r3.checkpoint import save_weights
+from r3.collect import rollout
 from r3.score import score
-from r3.tasks import make_task, rollout
-from r3.warmup import save_weights
+from r3.tasks import make_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -72,7 +73,7 @@ def test_cli_batch_round_trips_bit_identical(tmp_path, checkpoint):
 
 def test_cli_dense_preset_has_no_routes(tmp_path):
     out = str(tmp_path / "dense")
-    run_cli("--model", "toy", "--dense", "--warmup-steps", "0", "--num-prompts", "2", "--group-size", "2",
+    run_cli("--preset", "toy", "--dense", "--warmup-steps", "0", "--num-prompts", "2", "--group-size", "2",
             "--max-new-tokens", "4", "--no-mismatch", "--out", out)
     b = load_batch(out)
     assert b.routes is None and b.tokens.shape[0] == 4 and b.response_mask.sum(1).max() <= 4

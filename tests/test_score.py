@@ -1,11 +1,12 @@
 """What this proves: `score` re-scores a rollout with the trainer, aligned with `rollout_logp`; replay uses exactly
-the recorded routes; `mismatch_metrics` is ~0 on identical numerics and reports the trainer's own flips under R3."""
+the recorded routes; `old_policy_pass` measures ~0 mismatch on identical numerics, reports the trainer's own flips
+under R3, and hands the update the routes its replay mode asks for."""
 import pytest
 import torch
 
-from r3.tasks import rollout
+from r3.collect import rollout
 from r3.model import ModelConfig, build_model
-from r3.score import mismatch_metrics, score
+from r3.score import old_policy_pass, score
 from r3.tasks import make_task
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -15,7 +16,7 @@ CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=3, num_attent
 def make(dtype, dense=False, temperature=1.0):
     model = build_model(CFG.dense_twin() if dense else CFG, 0).init_weights(0, std=0.2)
     batch, _ = rollout(model, make_task("sort:3-6"), num_prompts=6, group_size=4, dtype=dtype, seed=0,
-                       temperature=temperature, keep_logits=True)
+                       temperature=temperature, keep_logp_V=True)
     return model, batch
 
 
@@ -25,12 +26,11 @@ def test_fp32_rollout_scores_match_the_engine(temperature):
     with torch.no_grad():
         out = score(model, batch, temperature=temperature)
     m = batch.loss_mask
-    assert out["logp"].shape == batch.rollout_logp.shape and out["logp_V"].shape[-1] == CFG.vocab_size
-    assert (out["logp"] - batch.rollout_logp)[m].abs().max() < 1e-4
-    assert (out["logp"][~m] == 0).all()
-    mm = mismatch_metrics(model, batch, replay=True)
+    assert out.logp.shape == batch.rollout_logp.shape and out.logp_V.shape[-1] == CFG.vocab_size
+    assert (out.logp - batch.rollout_logp)[m].abs().max() < 1e-4
+    assert (out.logp[~m] == 0).all()
+    mm = old_policy_pass(model, batch, replay="r3", temperature=temperature).metrics
     assert mm["kl"] < 1e-8 and mm["kl_full"] < 1e-8 and mm["router_flip_rate"] == 0
-    assert mm["n_tokens"] == int(m.sum())
 
 
 def test_replay_uses_the_recorded_routes_and_flips_come_from_the_normal_forward():
@@ -38,28 +38,41 @@ def test_replay_uses_the_recorded_routes_and_flips_come_from_the_normal_forward(
     with torch.no_grad():
         replayed = score(model, batch, replay=True)
         own = score(model, batch, replay=False)
-    assert torch.equal(replayed["routes"], batch.routes.long())
-    normal, r3 = mismatch_metrics(model, batch, False), mismatch_metrics(model, batch, True)
-    assert normal["router_flip_rate"] > 0, "fp8 rollout at std=0.2 should flip some routes"
+    assert torch.equal(replayed.routes, batch.routes.long())
+    normal, r3 = old_policy_pass(model, batch, replay="none"), old_policy_pass(model, batch, replay="r3")
+    assert normal.metrics["router_flip_rate"] > 0, "fp8 rollout at std=0.2 should flip some routes"
     for k in ("router_flip_rate", "token_flip_rate", "flips_per_token"):
-        assert r3[k] == normal[k]
-    assert r3["kl"] < normal["kl"]
-    assert mismatch_metrics(model, batch, True, own_routes=own["routes"]) == r3
-    explicit = mismatch_metrics(model, batch, batch.routes)  # a routes tensor is replayed too
-    assert explicit["kl"] == r3["kl"]
+        assert r3.metrics[k] == normal.metrics[k]
+    assert torch.equal(r3.own_routes, own.routes) and torch.equal(normal.own_routes, own.routes)
+    assert r3.metrics["kl"] < normal.metrics["kl"]
+    assert old_policy_pass(model, batch, replay="r3", own_routes=own.routes).metrics == r3.metrics
+    assert torch.equal((r3.logp - replayed.logp)[batch.loss_mask], torch.zeros(int(batch.loss_mask.sum())))
+
+
+def test_old_policy_pass_hands_each_replay_mode_its_routes():
+    model, batch = make("fp8")
+    none, r2, r3 = (old_policy_pass(model, batch, replay=m) for m in ("none", "r2", "r3"))
+    assert none.routes is None
+    assert r3.routes is batch.routes  # R3: the engine's routes, as recorded
+    assert torch.equal(r2.routes, none.own_routes)  # R2: the routes of the trainer's own old-policy forward
+    assert not torch.equal(r2.routes.sort(-1).values, batch.routes.long().sort(-1).values)
+    with pytest.raises(ValueError, match="replay must be one of"):
+        old_policy_pass(model, batch, replay="R3")
 
 
 def test_score_keeps_gradients_for_the_trainer():
     model, batch = make("bf16")
     out = score(model, batch, replay=True)
-    (out["logp"].sum()).backward()
+    (out.logp.sum()).backward()
     assert model.model.layers[0].mlp.gate.weight.grad.abs().sum() > 0
 
 
 def test_dense_has_no_routes_and_refuses_replay():
     model, batch = make("bf16", dense=True)
     assert batch.routes is None
-    m = mismatch_metrics(model, batch)
+    m = old_policy_pass(model, batch).metrics
     assert m["router_flip_rate"] is None and m["kl"] >= 0
+    with pytest.raises(ValueError, match="no recorded routes"):
+        old_policy_pass(model, batch, replay="r3")
     with pytest.raises(ValueError, match="no recorded routes"):
         score(model, batch, replay=True)

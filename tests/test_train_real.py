@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from r3.config import TrainConfig, parse
 from r3.hf import load_pretrained, save_pretrained
 from r3.model import ModelConfig, build_model
 from test_hf_parity import QWEN3_30B_A3B_CONFIG
@@ -76,7 +77,7 @@ def test_two_process_fsdp_run_matches_one_process(real):
     assert two.returncode == 0, "\n".join(line for line in two.stderr.splitlines() if "it/s" not in line)[-6000:]
     a, b = metrics(real / "one" / "metrics.jsonl"), metrics(real / "two" / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [0, 1]
-    assert json.loads((real / "two" / "args.json").read_text())["world_size"] == 2
+    assert json.loads((real / "two" / "run.json").read_text())["world_size"] == 2
     for x, y in zip(a, b):
         assert set(REQUIRED) <= set(x), set(REQUIRED) - set(x)
         assert x["kl_full"] is None and x["entropy"] > 0  # the chunked log-prob path
@@ -116,10 +117,8 @@ def test_dry_run_prints_the_30b_plan_from_config_only(tmp_path):
     (["--shards", "0"], "--shards must be >= 1"),
 ])
 def test_mismatched_model_and_task_fail_clearly(argv, words, capsys):
-    sys.path.insert(0, ROOT)
-    from train import parse_args
     with pytest.raises(SystemExit):
-        parse_args(argv)
+        parse(TrainConfig, argv)
     assert words in capsys.readouterr().err
 
 

@@ -12,6 +12,8 @@ import time
 
 from tqdm import tqdm
 
+from r3.guard import ema_series
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLAPSE_SYMPTOMS = ("reward_drop", "nonfinite")  # what counts as a collapse in tables (others are precursors)
 
@@ -29,13 +31,6 @@ def arm_run(*, replay: str, seed: int, dtype: str, loss: str = "grpo", is_correc
     flags = [*common.split(), "--replay", replay, "--seed", str(seed), "--rollout-dtype", dtype, "--loss", loss,
              "--is-correction", is_correction, "--mini-steps", str(mini_steps)]
     return os.path.join(runs_dir, name), flags
-
-
-def read_jsonl(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def is_done(out: str, steps: int) -> bool:
@@ -95,10 +90,7 @@ def summarize(rows: list[dict], tail: int = 20) -> dict:
         return {}
     collapse = next((r["step"] for r in rows if set(r.get("symptoms", [])) & set(COLLAPSE_SYMPTOMS)), None)
     fin = [r["reward"] for r in rows[-tail:]]
-    ema, best = None, float("-inf")
-    for r in rows:
-        ema = r["reward"] if ema is None else 0.9 * ema + 0.1 * r["reward"]
-        best = max(best, ema)
+    best = max(ema_series([r["reward"] for r in rows]))
     finite = lambda k: [r[k] for r in rows if r.get(k) is not None and r[k] == r[k]]  # noqa: E731
     return dict(steps=len(rows), final_reward=sum(fin) / len(fin), best_reward_ema=best, collapse_step=collapse,
                 max_kl=max(finite("kl"), default=None),

@@ -1,0 +1,225 @@
+"""Every flag of train.py and rollout.py in one place: a dataclass field each, with its help, choices and domain.
+
+`TrainConfig` (train.py) and `RolloutConfig` (rollout.py) share `SamplingConfig`: the model, the task and how the
+engine samples, under the same names in both scripts (`--preset` names a toy preset, `--model` a checkpoint path).
+The argparse parser is generated from the fields (`parse`), so a flag, its default, its help and its domain are
+written once; `args.json` is `dataclasses.asdict(config)`.
+
+Validation happens before any work: each field's domain (`>= 1`, `> 0`, `in (0, 1]`, finite, ...) and the
+cross-field rules in `validate()`. A value outside its domain is refused with a message that states the domain.
+Derived values (clip range by loss, log-prob chunk by vocabulary, response length by task, shards by world size)
+are methods: computed where used, never written back into the config.
+"""
+import argparse
+import math
+import typing
+from dataclasses import dataclass, field, fields
+
+from r3.engine import ROLLOUT_DTYPES
+from r3.model import PRESETS
+from r3.score import REPLAY_MODES, default_chunk
+
+
+def _domain(text: str, ok):
+    return text, ok
+
+
+INT_GE0 = _domain(">= 0", lambda v: v >= 0)
+INT_GE1 = _domain(">= 1", lambda v: v >= 1)
+INT_GE2 = _domain(">= 2", lambda v: v >= 2)
+POSITIVE = _domain("> 0 and finite", lambda v: v > 0 and math.isfinite(v))
+NONNEG = _domain(">= 0 and finite", lambda v: v >= 0 and math.isfinite(v))
+AT_LEAST_1 = _domain(">= 1 and finite", lambda v: v >= 1 and math.isfinite(v))
+CLIP_NORM = _domain("> 0 (inf = no clipping)", lambda v: v > 0)
+PROB = _domain("in (0, 1]", lambda v: 0 < v <= 1)
+
+
+def flag(default, help: str, *, choices=None, domain=None, alias: str | None = None, required: bool = False):
+    return field(default=default, metadata=dict(help=help, choices=choices, domain=domain, alias=alias,
+                                                required=required))
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    preset: str = flag("toy", "toy model preset", choices=sorted(PRESETS))
+    model: str | None = flag(None, "checkpoint instead of a preset: train.py takes an HF Qwen3-MoE folder "
+                                   "(config.json, *.safetensors, tokenizer.json; needs --task jsonl:FILE); rollout.py "
+                                   "also takes a safetensors file written by r3.checkpoint.save_weights")
+    dense: bool = flag(False, "the preset's dense twin (matched active parameters, no router, no routes)")
+    task: str = flag("sort", "toy task: sort | reverse | add, optionally NAME:MIN-MAX digits; or jsonl:FILE")
+    warmup_steps: int = flag(80, "supervised warm-up steps for a preset before RL (cached and shared; 0 = random "
+                                 "init)", domain=INT_GE0)
+    seed: int = flag(0, "seed of the prompts and of sampling (and of init and warm-up, unless --init-seed)",
+                     domain=INT_GE0)
+    init_seed: int | None = flag(None, "seed of the preset's init and warm-up (default: --seed)", domain=INT_GE0)
+    prompts_per_step: int = flag(16, "prompts per step (rollout.py: prompts in the batch)", domain=INT_GE1,
+                                 alias="--num-prompts")
+    group_size: int = flag(8, "samples per prompt (the GRPO group size G)", domain=INT_GE1)
+    rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8 = simulated e4m3 weights",
+                              choices=sorted(ROLLOUT_DTYPES))
+    temperature: float = flag(1.0, "sampling temperature (the trainer scores at the same)", domain=POSITIVE)
+    top_p: float = flag(1.0, "nucleus sampling threshold (1 = off)", domain=PROB)
+    max_new_tokens: int | None = flag(None, "response length limit (default: the task's; jsonl: 1024)",
+                                      domain=INT_GE1)
+    threads: int = flag(1, "torch intra-op threads (the toy gains nothing from more; run arms in parallel)",
+                        domain=INT_GE1)
+
+    @property
+    def model_seed(self) -> int:
+        return self.seed if self.init_seed is None else self.init_seed
+
+    def validate(self) -> None:
+        """Cross-field rules; raises ValueError. Field domains are checked by `parse` (and `check_domains`)."""
+        if self.model and self.dense:
+            raise ValueError("--dense builds the dense twin of a toy preset; a checkpoint has no dense twin")
+
+
+@dataclass(frozen=True)
+class TrainConfig(SamplingConfig):
+    replay: str = flag("none", "none: the router picks experts; r3: replay the rollout engine's routes; r2: replay "
+                               "the routes of the trainer's own old-policy pass (fixes drift across mini-steps, not "
+                               "the engine mismatch). --r3 is short for --replay r3", choices=list(REPLAY_MODES))
+    steps: int = flag(200, "RL steps", domain=INT_GE1)
+    lr: float = flag(3e-4, "AdamW learning rate", domain=POSITIVE)
+    lr_warmup: int = flag(10, "linear learning-rate warm-up steps (fresh Adam state is jumpy)", domain=INT_GE0)
+    grad_clip: float = flag(1.0, "max grad norm (the logged grad_norm is the largest pre-clip norm among the "
+                                 "step's mini-steps)", domain=CLIP_NORM)
+    mini_steps: int = flag(4, "optimizer steps per rollout batch (minibatches); > 1 is off-policy", domain=INT_GE1)
+    loss: str = flag("grpo", "policy loss (see r3/grpo.py)", choices=["grpo", "dr_grpo", "gspo"])
+    clip_low: float | None = flag(None, "clip ε low (default 0.2; gspo 3e-4)", domain=NONNEG)
+    clip_high: float | None = flag(None, "clip ε high (default 0.28; gspo 4e-4)", domain=NONNEG)
+    is_correction: str = flag("none", "rollout-vs-train importance correction (tis truncates at C; icepop/mis "
+                                      "mask outside [1/C, C])", choices=["none", "tis", "icepop", "mis"])
+    is_cap: float = flag(2.0, "C for --is-correction", domain=AT_LEAST_1)
+    val_every: int = flag(25, "every N steps log val/kl: normal vs replayed train forward on held-out rollouts "
+                              "(0 = never)", domain=INT_GE0)
+    val_prompts: int = flag(32, "held-out prompts for val/kl", domain=INT_GE1)
+    on_collapse: str = flag("continue", "when the collapse guard fires: save a checkpoint, log the symptom, then "
+                                        "stop or continue", choices=["stop", "continue"])
+    guard_reward_drop: float = flag(0.3, "guard: reward EMA this far below its running peak", domain=POSITIVE)
+    guard_kl_max: float = flag(1.0, "guard: mismatch kl above this", domain=POSITIVE)
+    rollouts: str | None = flag(None, "train on rollouts read from this folder (rollout.py output, or converted "
+                                      "SGLang/vLLM responses; one batch folder per step, cycled) instead of "
+                                      "generating them; with --r3 every sample must carry routes that fit the model")
+    out: str | None = flag(None, "run folder (default runs/TASK-MODE-DTYPE-sSEED)")
+    resume: bool = flag(False, "continue from OUT/ckpt.pt (bit-identical metrics on CPU)")
+    overwrite: bool = flag(False, "replace an existing run folder instead of refusing")
+    save_every: int = flag(50, "checkpoint every N steps (atomic; also at the end)", domain=INT_GE1)
+    no_plot: bool = flag(False, "skip the PNG plots at the end")
+    quiet: bool = flag(False, "no per-step lines (the progress bar stays)")
+    # the real-model path: HF checkpoint, jsonl prompts, FSDP2 under torchrun (r3/fsdp.py)
+    shards: int | None = flag(None, "cut each step's prompts into N data shards, each sampled with its own "
+                                    "generator; under torchrun rank r takes shards r, r+W, ... and "
+                                    "gradient-accumulates them. The same N gives the same run at any world size "
+                                    "(default: the world size; 1 = the toy loop)", domain=INT_GE1)
+    logprob_chunk: int | None = flag(None, "positions per lm_head chunk for trainer log-probs, so [B, T, V] "
+                                           "logits never exist (then kl_full is None); 0 = full logits. Default: "
+                                           "1024 if vocab > 4096, else 0", domain=INT_GE0)
+    fsdp_param_dtype: str = flag("bf16", "under torchrun: FSDP2 compute dtype over fp32 master weights (gradients "
+                                         "are reduced in fp32)", choices=["bf16", "fp32"])
+    activation_checkpointing: bool = flag(False, "under torchrun: recompute each block in backward")
+    dry_run: bool = flag(False, "print the per-GPU memory plan for --model (config.json only) or --preset, exit")
+    world_size: int | None = flag(None, "--dry-run outside torchrun: GPUs to plan for (default 1)", domain=INT_GE1)
+    plan_seq_len: int = flag(4096, "--dry-run: tokens per sequence (prompt + response)", domain=INT_GE1)
+
+    def validate(self) -> None:
+        super().validate()
+        jsonl = self.task.startswith("jsonl:")
+        if self.group_size < 2:
+            raise ValueError("--group-size must be >= 2: GRPO advantages need a group")
+        if self.dense and self.replay != "none":
+            raise ValueError("--dense has no router, so there are no routes to replay: drop --r3/--replay")
+        if self.rollouts and (self.model or (self.shards or 1) > 1):
+            raise ValueError("--rollouts trains a toy preset in one process on whole batches: drop --model/--shards")
+        if self.model and not jsonl and not self.dry_run:
+            raise ValueError(f"--model needs --task jsonl:FILE: the toy task {self.task!r} has its own 16-token "
+                             f"vocabulary, not the checkpoint's tokenizer")
+        if jsonl and not self.model and not self.dry_run:
+            raise ValueError(f"--task {self.task} needs --model PATH (a checkpoint with tokenizer.json): the toy "
+                             f"presets have no tokenizer for its text prompts")
+
+    @property
+    def mode(self) -> str:
+        return "dense" if self.dense else self.replay
+
+    @property
+    def clip_range(self) -> tuple[float, float]:
+        """(ε_low, ε_high): the flags, else the loss's defaults (sequence-level GSPO ratios need a tight clip)."""
+        low, high = (3e-4, 4e-4) if self.loss == "gspo" else (0.2, 0.28)
+        return (low if self.clip_low is None else self.clip_low, high if self.clip_high is None else self.clip_high)
+
+    def out_dir(self) -> str:
+        name = self.task.replace(":", "").replace("/", "_")
+        return self.out or f"runs/{name}-{self.mode}-{self.rollout_dtype}-s{self.seed}"
+
+    def chunk_for(self, vocab_size: int) -> int:
+        return default_chunk(vocab_size) if self.logprob_chunk is None else self.logprob_chunk
+
+    def num_shards(self, world: int) -> int:
+        return self.shards or world
+
+
+@dataclass(frozen=True)
+class RolloutConfig(SamplingConfig):
+    prompts_per_step: int = flag(64, "prompts in the batch (the same flag as train.py's)", domain=INT_GE1,
+                                 alias="--num-prompts")
+    out: str = flag(None, "output folder (batch.safetensors + manifest.json)", required=True)
+    arch: str | None = flag(None, "architecture preset for a checkpoint whose metadata carries no model config",
+                            choices=sorted(PRESETS))
+    cache_dir: str = flag(".cache/warmup", "where warmed-up checkpoints are cached")
+    no_mismatch: bool = flag(False, "skip the fp32-trainer mismatch summary")
+    no_progress: bool = flag(False, "no tqdm bar during the warm-up")
+    init_seed: int | None = flag(0, "seed of the preset's init and warm-up (0 here, unlike train.py, where it follows "
+                                    "--seed: batches sampled with any --seed come from the model `train.py --seed 0` "
+                                    "starts from)", domain=INT_GE0)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.task.startswith("jsonl:"):
+            raise ValueError("rollout.py samples the toy tasks only; --task jsonl: needs train.py --model")
+
+
+def check_domains(config) -> None:
+    """Raise ValueError naming the first flag whose value lies outside its domain (None means 'default')."""
+    for f in fields(config):
+        domain, value = f.metadata.get("domain"), getattr(config, f.name)
+        if domain is None or value is None:
+            continue
+        text, ok = domain
+        if isinstance(value, float) and math.isnan(value) or not ok(value):
+            raise ValueError(f"--{f.name.replace('_', '-')} must be {text}, got {value}")
+
+
+def build_parser(cls, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if cls is TrainConfig:
+        p.add_argument("--r3", action="store_true", help="shorthand for --replay r3")
+    for f in fields(cls):
+        names = [f"--{f.name.replace('_', '-')}"] + ([f.metadata["alias"]] if f.metadata.get("alias") else [])
+        kw = dict(dest=f.name, help=f.metadata["help"])
+        tp = next((a for a in typing.get_args(f.type) if a is not type(None)), f.type)  # X | None -> X
+        if tp is bool:
+            p.add_argument(*names, action="store_true", **kw)
+            continue
+        kw.update(type=tp, default=f.default, required=f.metadata["required"])
+        if f.metadata.get("choices"):
+            kw["choices"] = f.metadata["choices"]
+        p.add_argument(*names, **kw)
+    return p
+
+
+def parse(cls, argv=None, description: str = ""):
+    """Parse argv into a validated `cls` (TrainConfig or RolloutConfig); bad values exit with the domain named."""
+    p = build_parser(cls, description)
+    ns = vars(p.parse_args(argv))
+    if ns.pop("r3", False):
+        if ns["replay"] not in ("none", "r3"):
+            p.error(f"--r3 conflicts with --replay {ns['replay']}")
+        ns["replay"] = "r3"
+    config = cls(**ns)
+    try:
+        check_domains(config)
+        config.validate()
+    except ValueError as e:
+        p.error(str(e))
+    return config
