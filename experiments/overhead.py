@@ -20,7 +20,7 @@ import torch
 from r3.engine import Engine
 from r3.model import PRESETS, KVCache, build_model
 from r3.moe import check_routes
-from r3.routing import DEFAULT_FILE_CODEC, decode_routes, encode_routes
+from r3.routing import DEFAULT_FILE_CODEC, decode_routes, encode_routes, routes_dtype
 
 # CPU time of this process, torch on one thread: robust to other jobs sharing the machine's cores (wall time
 # on a loaded 2-core box swung +-15% between identical arms).
@@ -48,12 +48,12 @@ def train_step(model, b, replay: bool):
 
 def record_work(B: int, T: int, L: int, K: int, E: int):
     """What recording adds per rollout in isolation: KVCache.commit's copy of each forward's ids into the cache
-    (one prefill chunk, then one position per decode step) and the final cast to uint8."""
+    (one prefill chunk, then one position per decode step) and the final copy out of the cache."""
     ids = torch.randint(0, E, (B, 1, L, K))
-    store = torch.zeros(B, T, L, K, dtype=torch.int16)
+    store = torch.zeros(B, T, L, K, dtype=routes_dtype(E))
     for s in range(T - 1):
         store[:, s:s + 1] = ids.to(store.dtype)
-    return store[:, :T - 1].to(torch.uint8)
+    return store[:, :T - 1].clone()
 
 
 def prefill(model, cfg, prompt, valid, G: int, reuse: bool):

@@ -21,7 +21,6 @@ import torch
 
 from r3.batch import Batch
 from r3.model import KVCache, Transformer
-from r3.routing import routes_dtype
 
 ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -92,7 +91,7 @@ class Engine:
         assert cache.length == T - 1, (cache.length, T)
         routes = None
         if cache.routes is not None:
-            routes = cache.routes[:, :T - 1].to(routes_dtype(cfg.num_experts))
+            routes = cache.routes[:, :T - 1].clone()  # already the Batch's dtype (KVCache stores routes_dtype)
         rollout_logp_V = None
         if keep_logp_V:
             rollout_logp_V = torch.zeros(B, T - 1, cfg.vocab_size, device=dev)
@@ -146,7 +145,7 @@ class Engine:
         rollout_logp = torch.cat([batch.rollout_logp, torch.zeros(B, C - 1, device=dev), logps], 1)
         Tn = tokens.shape[1]
         assert cache.length == Tn - 1 and rollout_logp.shape[1] == Tn - 1, (cache.length, Tn, rollout_logp.shape)
-        routes = None if cache.routes is None else cache.routes[:, :Tn - 1].to(batch.routes.dtype)
+        routes = None if cache.routes is None else cache.routes[:, :Tn - 1].clone()
         meta = dict(batch.meta, turns=batch.meta.get("turns", 1) + 1, prefill_tokens_computed=B * C,
                     prefill_tokens_requested=B * (T - 1 + C), prefill_tokens_reused=B * (T - 1))
         out = Batch(tokens=tokens, attn_mask=attn_mask, response_mask=response_mask, rollout_logp=rollout_logp,

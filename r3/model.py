@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from r3.moe import MLP, MoE, RoutesError, check_routes
+from r3.routing import routes_dtype
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ class KVCache:
     """Per-layer keys/values plus, for every cached position, its validity and the routes that produced it.
 
     Keeping routes beside K/V means any reuse of cached positions (a shared prompt, an earlier turn) reuses the
-    routes recorded when those positions were computed, kept in step by construction.
+    routes recorded when those positions were computed, kept in step by construction. They are stored in the dtype
+    the Batch keeps (`r3.routing.routes_dtype`: uint8 up to 256 experts), so the only cast is to int64 at replay.
     """
 
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype: torch.dtype, device="cpu"):
@@ -96,7 +98,8 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
         self.routes = None if cfg.dense else torch.zeros(
-            batch, max_len, cfg.num_hidden_layers, cfg.num_experts_per_tok, dtype=torch.int16, device=device)
+            batch, max_len, cfg.num_hidden_layers, cfg.num_experts_per_tok, dtype=routes_dtype(cfg.num_experts),
+            device=device)
         self.length = 0
         self.prefill_tokens = 0  # positions computed by forwards with more than one new position
         self.decode_tokens = 0
