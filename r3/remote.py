@@ -61,7 +61,12 @@ _NPY_DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<u2": torch.uint16, "<i2"
 
 
 class RemoteEngineError(RuntimeError):
-    """A remote engine request failed or answered something unusable. The message names the request."""
+    """A remote engine request failed or answered something unusable. The message names the request; `status` is
+    the HTTP status when there was one."""
+
+    def __init__(self, msg: str, status: int | None = None):
+        super().__init__(msg)
+        self.status = status
 
 
 def _server_message(obj, raw: bytes) -> str:
@@ -130,12 +135,21 @@ class RemoteEngine:
                 if status < 400:
                     raise RemoteEngineError(f"{name}: HTTP {status} but the body is not JSON: {raw[:200]!r}") from None
         if status >= 400:
-            raise RemoteEngineError(f"{name}: HTTP {status}: {_server_message(obj, raw)}")
+            raise RemoteEngineError(f"{name}: HTTP {status}: {_server_message(obj, raw)}", status)
         return obj if expect_json else raw
 
     def wait_ready(self) -> None:
-        """Block until GET /health answers 200 (bounded by `connect_wait`)."""
-        self.request("GET", "/health", what="health check", timeout=min(self.timeout, 30.0), expect_json=False)
+        """Block until GET /health answers 200: refused connections and 503 (still loading) are retried for
+        `connect_wait` seconds."""
+        deadline = time.monotonic() + self.connect_wait
+        while True:
+            try:
+                self.request("GET", "/health", what="health check", timeout=min(self.timeout, 30.0), expect_json=False)
+                return
+            except RemoteEngineError as e:
+                if e.status != 503 or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     # ---- weights --------------------------------------------------------------------------------------------------
     def sync(self, model) -> None:
@@ -174,12 +188,12 @@ class RemoteEngine:
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,
                  group_size: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 generator: torch.Generator | None = None) -> Batch:
+                 generator: torch.Generator | None = None, keep_logp_V: bool = False) -> Batch:
         """Sample `group_size` responses per prompt on the server; a Batch laid out as `Engine.generate` does.
 
         One seed per sample (per prompt for vLLM) is drawn from `generator`, so a seeded run against a
-        deterministic server is reproducible. `rollout_logits` is None (servers return the sampled token's log-prob
-        only), so kl_full is not available."""
+        deterministic server is reproducible. Servers return the sampled token's log-prob only: `keep_logp_V` is
+        accepted for the in-process engine's signature, but no full-vocabulary log-probs come back (kl_full is None)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs at least one prompt and no empty prompt")
         if temperature <= 0:

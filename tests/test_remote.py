@@ -201,7 +201,7 @@ def test_bad_sglang_answers_are_refused_naming_the_request(fake, case):
 def test_good_fake_answer_passes_and_uint8_routes_decode(fake):
     fake.reply = sglang_reply()
     eng = SGLangEngine(f"http://127.0.0.1:{fake.server_port}", CFG)
-    b = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(0), **GEN)
+    b = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(0), keep_logp_V=True, **GEN)
     STAND_IN.routes_dtype = "uint8"
     try:
         b8 = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(0), **GEN)
@@ -236,6 +236,16 @@ def test_http_errors_timeouts_and_a_down_server(fake, tmp_path):
     assert 0.4 < time.monotonic() - t0 < 10  # retried a refused connection for connect_wait, then gave up
     with pytest.raises(ValueError, match="sglang:http"):
         make_engine("sglang://nohost", CFG)
+
+
+def test_health_waits_while_the_server_loads(fake):
+    answers = iter([(503, {"message": "loading"}, 0.0)] * 2 + [(200, b"", 0.0)] * 10)
+    fake.reply = lambda m, p, b: next(answers) if p == "/health" else (200, {"dtype": "bfloat16"}, 0.0)
+    eng = make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, connect_wait=10)
+    assert eng.rollout_dtype == "bfloat16" and [c[1] for c in fake.calls[:3]] == ["/health"] * 3
+    fake.reply = lambda m, p, b: (503, {"message": "loading"}, 0.0)
+    with pytest.raises(RemoteEngineError, match=r"GET .*/health \(health check\): HTTP 503: loading"):
+        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, connect_wait=0)
 
 
 # ---- vLLM's OpenAI server -----------------------------------------------------------------------------------------
