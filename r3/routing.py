@@ -32,9 +32,10 @@ Engine formats, as found in their sources (search over public code, 2026-11):
           covers [routed_experts_start_len, seqlen - 1). Must be in [0, prompt_tokens]". sgl-project/sglang#31219 adds
           `meta_info["routed_experts_dtype"]` in {int32, uint16, uint8}; absent means int32. sglang-jax uses -1 for
           layers without routed experts (refused here as missing routes).
-  vLLM    `CompletionOutput.routed_experts: np.ndarray | None  # [seq_len,layer_num,topk]` (vllm/outputs.py), from
-          routed_experts_capturer.py (int32 buffers; vLLM 0.26 picks uint8 for <= 256 experts, verl#7880). It covers
-          prompt + output minus the last sampled token, which is never fed (prime-rl `align_routed_experts`).
+  vLLM    combined `CompletionOutput.routed_experts` [P + N - 1, L, K] (vllm/outputs.py; uint8 for <= 256 experts in
+          0.26, verl#7880; the last sampled token is never fed) or split, newer: `RequestOutput.prompt_routed_experts`
+          [P] + `routed_experts` [N - 1] (v1/engine/output_processor.py `split_routed_experts`); the OpenAI server
+          mirrors either. `vllm_routes` tells them apart by shape (P prompt, N output tokens).
 Our Batch keeps routes [B, T-1, L, K] by input position, the same convention, so no final position is invented.
 Slots an engine never fed get the distinct dummy ids 0..K-1, never zeros (K equal zeros is not a valid top-k set:
 a known production bug): batch padding, and the last token of a row shorter than the batch (an input position in
@@ -367,17 +368,36 @@ def sglang_sample(prompt_ids: list[int], response: dict, cfg, *, prev_routes: to
     return EngineSample(list(prompt_ids), list(out), routes, logp, reward, group)
 
 
-def vllm_sample(prompt_ids: list[int], completion, cfg, *, reward: float = 0.0, group: int = 0) -> EngineSample:
-    """One vLLM `CompletionOutput` (token_ids, routed_experts [n - 1, L, K], logprobs) for `prompt_ids`."""
-    where = "vLLM CompletionOutput.routed_experts"
-    if getattr(completion, "routed_experts", None) is None:
-        raise RoutesError(f"{where} is None: build the engine with enable_return_routed_experts=True")
-    routes = torch.as_tensor(completion.routed_experts)
-    if routes.dtype.is_floating_point or routes.dtype == torch.bool or routes.dim() != 3:
-        raise RoutesError(f"{where}: expected an integer array [seq_len - 1, layers, k], got {routes.dtype} "
-                          f"{tuple(routes.shape)}")
+def vllm_routes(prompt_routes, routes, cfg, *, n_prompt: int, n_output: int, where: str) -> torch.Tensor:
+    """vLLM routes of one sequence (arrays, tensors or nested lists) -> [P + N - 1, L, K] int64: combined
+    (`routes` alone) or split (`prompt_routes` [P] + `routes` [N - 1], empty or None when N = 1), by shape."""
+    P, N, L, K = n_prompt, n_output, cfg.num_hidden_layers, cfg.num_experts_per_tok
+    pr, gen = (None if x is None else torch.as_tensor(x) for x in (prompt_routes, routes))
+    if pr is None and gen is None:
+        raise RoutesError(f"{where} is None: start vLLM with --enable-return-routed-experts (offline: "
+                          f"enable_return_routed_experts=True)")
+    for name, t in (("prompt_routed_experts", pr), ("routed_experts", gen)):
+        if t is not None and t.numel() and (t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() != 3):
+            raise RoutesError(f"{where}: {name} must be an integer array [tokens, layers, k], got {t.dtype} "
+                              f"{tuple(t.shape)}")
+    rows = [None if t is None else t.shape[0] if t.numel() else 0 for t in (pr, gen)]
+    if rows[0] is None and rows[1] == P + N - 1:
+        return fit_routes(gen.long(), cfg, P + N, where)
+    if rows[0] == P and (rows[1] or 0) == N - 1:
+        parts = [t.long().reshape(-1, L, K) for t in (pr, gen) if t is not None and t.numel()]
+        return fit_routes(torch.cat(parts) if parts else torch.zeros(0, L, K, dtype=torch.long), cfg, P + N, where)
+    shapes = [None if t is None else list(t.shape) for t in (pr, gen)]
+    raise RoutesError(f"{where}: got prompt_routed_experts {shapes[0]} + routed_experts {shapes[1]} for a {P}-token "
+                      f"prompt and {N} output tokens; need either routed_experts [{P + N - 1}, L, K] alone "
+                      f"(combined) or prompt_routed_experts [{P}, L, K] + routed_experts [{N - 1}, L, K] (split)")
+
+
+def vllm_sample(prompt_ids: list[int], completion, cfg, *, prompt_routes=None, reward: float = 0.0,
+                group: int = 0) -> EngineSample:
+    """One vLLM `CompletionOutput` for `prompt_ids`; `prompt_routes`: its request's `prompt_routed_experts`."""
     out = list(completion.token_ids)
-    routes = fit_routes(routes.long(), cfg, len(prompt_ids) + len(out), where)
+    routes = vllm_routes(prompt_routes, getattr(completion, "routed_experts", None), cfg, n_prompt=len(prompt_ids),
+                         n_output=len(out), where="vLLM CompletionOutput.routed_experts")
     logp = None
     if getattr(completion, "logprobs", None):  # one {token_id: Logprob} dict per output token
         logp = [float(getattr(d[t], "logprob", d[t])) for d, t in zip(completion.logprobs, out)]
