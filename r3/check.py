@@ -5,7 +5,7 @@
 
 Per MoE layer, over the positions an engine fed (a real token followed by a real token): the overlap of the recorded
 top-k set with the trainer's own, |recorded ∩ own| / K, and the flip rate (sets differ); then the kl of the trainer
-against the engine's log-probs without and with replay (`r3.score.mismatch_metrics`). A healthy run: overlap far above
+against the engine's log-probs without and with replay (`r3.score.old_policy_pass`, `r3.score.score`). A healthy run: overlap far above
 chance (K / E), a flip rate of a few to ~10 % for a bf16 engine (arXiv 2510.11370 measures 10 % on Qwen3-30B-A3B),
 and a lower kl with replay. Detectors for what the field's bug reports show goes wrong, each with what it likely means:
   layer shift      recorded layer l agrees better with trained layer l +- 1 than with l
@@ -30,7 +30,8 @@ from safetensors.torch import load_file
 
 from r3.batch import Batch, TENSORS, load_batch
 from r3.moe import RoutesError
-from r3.score import mismatch_metrics
+from r3.metrics import kl_k3
+from r3.score import old_policy_pass, score
 
 MARGIN = 0.1  # a shifted alignment must beat the aligned one by this much overlap to be flagged
 MEANS = {
@@ -135,8 +136,12 @@ def check_alignment(model, batches: list[Batch]) -> dict:
         bad += int(bad_BTL.sum())
         n += int(fed.sum())
         ok = not dup_BTL.any() and not bad_BTL.any()  # else replay cannot run: kl with replay is n/a
-        kls.append((mismatch_metrics(model, b, replay=False)["kl"],
-                    mismatch_metrics(model, b, replay=replay)["kl"] if ok else None, int(b.loss_mask.sum())))
+        temperature = float(b.meta.get("temperature", 1.0))
+        with torch.no_grad():
+            kl_replay = kl_k3(score(model, b, replay=replay, temperature=temperature).logp, b.rollout_logp,
+                              b.loss_mask) if ok else None
+        kls.append((old_policy_pass(model, b, temperature=temperature).metrics["kl"], kl_replay,
+                    int(b.loss_mask.sum())))
     report = dict(batches=len(batches), fed_positions=n, num_layers=L, top_k=K, num_experts=E, chance_overlap=K / E,
                   overlap=float(ov.sum() / max(n * L, 1)), flip_rate=float(flips.sum() / max(n * L, 1)),
                   layers=[dict(layer=i, overlap=float(ov[i] / max(n, 1)), flip_rate=float(flips[i] / max(n, 1)),
@@ -220,7 +225,7 @@ def load_checker_model(args):
         from r3.hf import load_pretrained
         return load_pretrained(args.model, dtype=torch.float32).eval()
     from r3.warmup import load_model
-    return load_model(args.model, dense=False, task=None, task_spec="", warmup_steps=0, init_seed=0,
+    return load_model(args.arch, path=args.model, dense=False, task=None, task_spec="", warmup_steps=0, init_seed=0,
                       arch=args.arch)[0]
 
 

@@ -87,9 +87,9 @@ def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, t
 
     Returns (model in fp32 eval mode, a one-line description of where it came from).
     """
-    if spec not in PRESETS:
-        raise SystemExit(f"unknown preset {spec!r}; choose from {', '.join(PRESETS)}")
     if path is None:
+        if spec not in PRESETS:
+            raise SystemExit(f"unknown preset {spec!r}; choose from {', '.join(PRESETS)}")
         cfg = PRESETS[spec].dense_twin() if dense else PRESETS[spec]
         if warmup_steps > 0:
             model, path = warmed_up_model(cfg, task, task_spec, steps=warmup_steps, seed=init_seed,

@@ -18,7 +18,7 @@ import torch
 
 from r3.model import PRESETS, build_model
 from r3.remote import RemoteEngineError, SGLangEngine, VLLMEngine, make_engine
-from r3.score import mismatch_metrics
+from r3.score import old_policy_pass
 from r3.serve import SGLangStandIn
 
 CFG = PRESETS["toy"]
@@ -72,8 +72,8 @@ def test_routes_arrive_intact_and_fp32_replay_gives_zero_kl(server):
     for i, rec in enumerate(recorded):
         o = int(b.attn_mask[i].float().argmax())  # first real token: prompts are left padded
         assert torch.equal(b.routes[i, o:o + len(rec)].long(), torch.tensor(rec))
-    m = mismatch_metrics(model, b, replay=True)
-    assert m["kl"] < 1e-8 and m["router_flip_rate"] == 0.0 and m["n_tokens"] > 10
+    m = old_policy_pass(model, b, replay="r3", temperature=b.meta["temperature"]).metrics
+    assert m["kl"] < 1e-8 and m["router_flip_rate"] == 0.0 and int(b.loss_mask.sum()) > 10
 
 
 def test_weight_sync_changes_what_the_server_samples(server):
@@ -87,8 +87,8 @@ def test_weight_sync_changes_what_the_server_samples(server):
     eng.sync(other)
     c = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(5), **GEN)
     assert not torch.equal(a.rollout_logp, c.rollout_logp) and eng.syncs == 2
-    assert mismatch_metrics(other, c, replay=True)["kl"] < 1e-8  # the server now runs `other`
-    assert mismatch_metrics(first, c, replay=True)["kl"] > 1e-3
+    assert old_policy_pass(other, c, replay="r3").metrics["kl"] < 1e-8  # the server now runs `other`
+    assert old_policy_pass(first, c, replay="r3").metrics["kl"] > 1e-3
     eng.sync(first)
     back = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(5), **GEN)
     assert torch.equal(back.tokens, a.tokens) and torch.allclose(back.rollout_logp, a.rollout_logp)
