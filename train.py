@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from r3.batch import load_rollouts
 from r3.checkpoint import load_checkpoint, save_checkpoint
-from r3.collect import Rollout, advantages, my_shards, sample_shard, shard_generator_name, shard_seed
+from r3.collect import (Rollout, advantages, check_shardable, my_shards, sample_shard, shard_generator_name,
+                        shard_rows, shard_seed)
 from r3.config import TrainConfig, parse
 from r3.engine import Engine
 from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, load_policy, save_hf_checkpoint,
@@ -37,6 +38,7 @@ from r3.jsonl_task import make_jsonl_task
 from r3.memory import format_plan, memory_plan
 from r3.metrics import kl_k3
 from r3.model import PRESETS
+from r3.remote import make_engine
 from r3.score import OldPolicy, old_policy_pass, token_logp
 from r3.tasks import EOS, PAD, make_task
 from r3.warmup import warmed_up_model
@@ -72,7 +74,7 @@ class Run:
     cfg: TrainConfig
     out: str
     model: torch.nn.Module          # the trainer (FSDP2-sharded under torchrun)
-    engine: Engine                  # the rollout engine: its own weights at --rollout-dtype
+    engine: object                  # the rollout engine: in-process (`Engine`) or a server (`r3.remote`)
     plain: torch.nn.Module | None   # under torchrun, the full copy that feeds the engine
     task: object
     eos_ids: tuple[int, ...]
@@ -100,7 +102,8 @@ def collect(run: Run, step: int) -> list[Rollout]:
     """This rank's data shards of the step: sampled by the engine (or read from disk), rewarded, with advantages."""
     cfg = run.cfg
     if run.disk is not None:  # rewards come with the rollouts
-        return [advantages(run.disk[step % len(run.disk)], None, loss=cfg.loss)]
+        batch = run.disk[step % len(run.disk)]
+        return [advantages(shard_rows(batch, s, run.num_shards), None, loss=cfg.loss) for s in run.mine]
     examples = run.task.sample(cfg.prompts_per_step, run.gens["data"])  # every rank draws the same prompts
     return [advantages(*sample_shard(run.engine, run.task, examples, shard=s, num_shards=run.num_shards,
                                      generator=run.gens[shard_generator_name(s)], group_size=cfg.group_size,
@@ -223,7 +226,7 @@ def save(run: Run, step_done: int, name: str | None = None) -> None:
     """One process: ckpt.pt (resumable), plus OUT/hf with --model. FSDP: OUT/hf only (every rank calls)."""
     if run.world == 1:
         save_checkpoint(run.path(name + ".pt" if name else "ckpt.pt"), model=run.model, optimizer=run.opt,
-                        engine=run.engine, generators=run.gens, step=step_done,
+                        engine=run.engine if run.cfg.engine == "local" else None, generators=run.gens, step=step_done,
                         extra=dict(guard=run.guard.state_dict()))
     if run.cfg.model:
         save_hf_checkpoint(run.model, run.path(name or "hf"), dtype=run.save_dtype)
@@ -258,12 +261,14 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     run = Run(cfg=cfg, out=out, model=model, engine=engine, plain=plain, task=task, eos_ids=eos_ids, pad_id=pad_id,
               opt=torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0),
               gens=gens, guard=CollapseGuard(reward_drop=cfg.guard_reward_drop, kl_max=cfg.guard_kl_max),
-              disk=read_disk_rollouts(cfg, model.cfg), chunk=chunk,
+              disk=read_disk_rollouts(cfg, model.cfg, num_shards, rank == 0), chunk=chunk,
               max_new=cfg.max_new_tokens or task.max_new_tokens, num_shards=num_shards, mine=mine, world=world,
               device=device, lead=rank == 0,
               val_examples=task.sample(cfg.val_prompts, torch.Generator().manual_seed(10_000 + cfg.seed)),
               save_dtype=load_config(cfg.model)[1] if cfg.model else None)
     start = resume(run) if cfg.resume else 0
+    if cfg.engine != "local":  # the server starts from whatever it loaded: give it the trainer's weights
+        run.engine.sync(run.model)
     if start == 0 and run.lead:
         open(run.path("metrics.jsonl"), "w").close()
         atomic_write_json(run.path("args.json"), asdict(cfg))
@@ -279,21 +284,31 @@ def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device):
         task = make_jsonl_task(cfg.task, tok, max_new_tokens=cfg.max_new_tokens or 1024)
         # collective under torchrun (broadcast load), so no rank writes below before every rank checked `out`
         model, plain = load_policy(cfg.model, world=world, device=device, fsdp_param_dtype=cfg.fsdp_param_dtype,
-                                   activation_checkpointing=cfg.activation_checkpointing)
+                                   activation_checkpointing=cfg.activation_checkpointing,
+                                   plain_copy=cfg.engine == "local")
         V = model.cfg.vocab_size
         if tok.tok.get_vocab_size() > V or max(*tok.eos_ids, tok.pad_id) >= V:
             sys.exit(f"error: the tokenizer of {cfg.model} ({tok.tok.get_vocab_size()} tokens, EOS {tok.eos_ids}, "
                      f"pad {tok.pad_id}) does not fit the model's vocab_size {V}")
-        return model, Engine(plain or model, cfg.rollout_dtype), plain, task, tok.eos_ids, tok.pad_id, None
+        return model, make_rollout_engine(cfg, plain or model), plain, task, tok.eos_ids, tok.pad_id, None
     task = make_task(cfg.task)
     model_cfg = PRESETS[cfg.preset].dense_twin() if cfg.dense else PRESETS[cfg.preset]
     model, warm_path = warmed_up_model(model_cfg, task, cfg.task, steps=cfg.warmup_steps, seed=cfg.model_seed)
-    return model, Engine(model, cfg.rollout_dtype), None, task, (EOS,), PAD, warm_path
+    return model, make_rollout_engine(cfg, model), None, task, (EOS,), PAD, warm_path
 
 
-def read_disk_rollouts(cfg: TrainConfig, model_cfg) -> list | None:
+def make_rollout_engine(cfg: TrainConfig, model):
+    """The in-process engine (a cast copy of `model`), or a client of an SGLang / vLLM server (`--engine`)."""
+    if cfg.engine == "local":
+        return Engine(model, cfg.rollout_dtype)
+    return make_engine(cfg.engine, model.cfg, connect_wait=cfg.engine_wait,
+                       weights_dir=cfg.weights_dir or os.path.join(cfg.out_dir(), "engine_weights"),
+                       weights_dtype=torch.float32 if cfg.rollout_dtype == "fp32" else torch.bfloat16)
+
+
+def read_disk_rollouts(cfg: TrainConfig, model_cfg, num_shards: int, lead: bool) -> list | None:
     """--rollouts: every batch, validated against the model before any work (a run that refuses to start beats
-    one that silently trains without replay)."""
+    one that silently trains without replay). Each step's batch is cut into the --shards data shards."""
     if not cfg.rollouts:
         return None
     disk = load_rollouts(cfg.rollouts, model_cfg, require_routes=cfg.replay == "r3")
@@ -301,7 +316,12 @@ def read_disk_rollouts(cfg: TrainConfig, model_cfg) -> list | None:
         if abs(float(b.meta.get("temperature", 1.0)) - cfg.temperature) > 1e-9:
             sys.exit(f"error: {b.meta['source']} was sampled at temperature {b.meta.get('temperature')}, but "
                      f"--temperature is {cfg.temperature}: pass the rollout's temperature")
-    print(f"training on {len(disk)} rollout batch(es) from {cfg.rollouts}; the engine only serves val/kl")
+        try:
+            check_shardable(b, num_shards, b.meta["source"])
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+    if lead:
+        print(f"training on {len(disk)} rollout batch(es) from {cfg.rollouts}; the engine only serves val/kl")
     return disk
 
 
@@ -311,7 +331,8 @@ def resume(run: Run) -> int:
     if not os.path.exists(ckpt):
         print(f"no checkpoint in {run.out}; starting from scratch")
         return 0
-    start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, engine=run.engine, generators=run.gens)
+    start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
+                                   engine=run.engine if run.cfg.engine == "local" else None)
     run.guard.load_state_dict(extra["guard"])
     write_jsonl(run.path("metrics.jsonl"), [r for r in read_jsonl(run.path("metrics.jsonl")) if r["step"] < start])
     print(f"resumed {run.out} at step {start}")

@@ -22,7 +22,9 @@ from r3.model import ModelConfig, Transformer
 
 
 def save_checkpoint(path: str, *, model, optimizer, engine, generators: dict, step: int, extra: dict) -> None:
-    state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), engine=engine.model.state_dict(),
+    """engine: the in-process engine (its weights are saved too), or None for a server engine (re-synced on load)."""
+    state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                 engine=None if engine is None else engine.model.state_dict(),
                  rng={k: g.get_state() for k, g in generators.items()}, step=step, extra=extra)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
@@ -35,7 +37,8 @@ def load_checkpoint(path: str, *, model, optimizer, engine, generators: dict) ->
         raise RuntimeError(f"cannot read checkpoint {path!r}: {e}") from e
     model.load_state_dict(state["model"], strict=True)
     optimizer.load_state_dict(state["optimizer"])
-    engine.model.load_state_dict(state["engine"], strict=True)
+    if engine is not None:
+        engine.model.load_state_dict(state["engine"], strict=True)
     for k, g in generators.items():
         g.set_state(state["rng"][k])
     return state["step"], state["extra"]

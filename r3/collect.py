@@ -58,6 +58,26 @@ def sample_shard(engine, task, examples: list[Example], *, shard: int, num_shard
     return batch, reward_batch(task, batch, ex)
 
 
+def shard_rows(batch: Batch, shard: int, num_shards: int) -> Batch:
+    """Shard `shard` of a batch read from disk: an equal run of rows, whole GRPO groups only (checked at load by
+    `check_shardable`). One shard is the batch itself."""
+    if num_shards == 1:
+        return batch
+    per = len(batch) // num_shards
+    return batch.select(torch.arange(shard * per, (shard + 1) * per))
+
+
+def check_shardable(batch: Batch, num_shards: int, where: str) -> None:
+    """Refuse a batch whose rows do not cut into `num_shards` equal runs of whole groups."""
+    B = len(batch)
+    per = B // num_shards
+    if B % num_shards or any(set(batch.group[i * per:(i + 1) * per].tolist()) & set(batch.group[(i + 1) * per:].tolist())
+                             for i in range(num_shards - 1)):
+        raise ValueError(f"{where}: {B} rows do not cut into {num_shards} shards of whole GRPO groups (groups of "
+                         f"group ids {batch.group.unique().tolist()[:8]}...); use a --shards that divides the "
+                         f"number of prompts")
+
+
 def shard_generator_name(shard: int) -> str:
     """Shard 0 samples with the one-process loop's `sample` generator, so --shards 1 is that loop unchanged."""
     return "sample" if shard == 0 else f"sample{shard}"

@@ -98,6 +98,13 @@ class TrainConfig(SamplingConfig):
                                         "stop or continue", choices=["stop", "continue"])
     guard_reward_drop: float = flag(0.3, "guard: reward EMA this far below its running peak", domain=POSITIVE)
     guard_kl_max: float = flag(1.0, "guard: mismatch kl above this", domain=POSITIVE)
+    engine: str = flag("local", "where rollouts are sampled: local (the in-process engine at --rollout-dtype) or "
+                                "sglang:URL / vllm:URL, a server that returns routes; its weights are synced each "
+                                "step through --weights-dir (written in --rollout-dtype: fp32, else bf16)")
+    weights_dir: str | None = flag(None, "with a server engine: a folder both the trainer and the server read, where "
+                                         "the trainer writes its weights each step (default OUT/engine_weights)")
+    engine_wait: float = flag(60.0, "with a server engine: seconds to keep retrying refused connections (start-up)",
+                              domain=NONNEG)
     rollouts: str | None = flag(None, "train on rollouts read from this folder (rollout.py output, or converted "
                                       "SGLang/vLLM responses; one batch folder per step, cycled) instead of "
                                       "generating them; with --r3 every sample must carry routes that fit the model")
@@ -129,8 +136,12 @@ class TrainConfig(SamplingConfig):
             raise ValueError("--group-size must be >= 2: GRPO advantages need a group")
         if self.dense and self.replay != "none":
             raise ValueError("--dense has no router, so there are no routes to replay: drop --r3/--replay")
-        if self.rollouts and (self.model or (self.shards or 1) > 1):
-            raise ValueError("--rollouts trains a toy preset in one process on whole batches: drop --model/--shards")
+        if self.engine != "local" and not self.engine.startswith(("sglang:http", "vllm:http")):
+            raise ValueError(f"--engine {self.engine!r}: expected local, sglang:http://HOST:PORT or "
+                             f"vllm:http://HOST:PORT")
+        if self.engine != "local" and (self.rollouts or self.dense):
+            raise ValueError("--engine samples with a server: drop --rollouts / --dense (a server engine returns "
+                             "routes for an MoE)")
         if self.model and not jsonl and not self.dry_run:
             raise ValueError(f"--model needs --task jsonl:FILE: the toy task {self.task!r} has its own 16-token "
                              f"vocabulary, not the checkpoint's tokenizer")

@@ -148,16 +148,17 @@ def clip_grad_norm(params, max_norm: float, norm_type: float = 2.0) -> float:
 
 
 def load_policy(path: str, *, world: int, device: torch.device, fsdp_param_dtype: str = "bf16",
-                activation_checkpointing: bool = False) -> tuple[Transformer, Transformer | None]:
+                activation_checkpointing: bool = False, plain_copy: bool = True) -> tuple[Transformer, Transformer | None]:
     """(trainer, plain copy or None) from an HF checkpoint folder.
 
     One process: the trainer is the fp32 model (the engine copies it). Under torchrun (world > 1): the trainer is
     built on meta, sharded with FSDP2 (fp32 master weights, `fsdp_param_dtype` compute, fp32 reduce), and filled
-    by a broadcast from rank 0; every rank also loads a plain fp32 copy that feeds the engine (toy scale).
+    by a broadcast from rank 0; with `plain_copy` every rank also loads a plain fp32 copy that feeds an in-process
+    engine (toy scale; a server engine needs none).
     """
     if world == 1:
         return load_pretrained(path, dtype=torch.float32, device=device), None
-    plain = load_pretrained(path, dtype=torch.float32, device=device)
+    plain = load_pretrained(path, dtype=torch.float32, device=device) if plain_copy else None
     cfg, _ = load_config(path)
     model = apply_fsdp(meta_model(cfg), mp=True, param_dtype=FSDP_PARAM_DTYPES[fsdp_param_dtype],
                        activation_checkpointing=activation_checkpointing)
