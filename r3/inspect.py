@@ -25,14 +25,16 @@ import json
 import math
 import os
 import re
+import time
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from r3.batch import Batch, load_batch, save_batch
-from r3.io import atomic_write
+from r3.io import atomic_write, atomic_write_json
 from r3.metrics import extreme_frac, kl_k3, masked_mean
 from r3.plots import log_r_rgb, plot_inspection
+from r3.provenance import markdown_line, provenance
 from r3.score import score, token_logp
 
 SCORES = "scores.safetensors"
@@ -346,6 +348,7 @@ def load_source(args) -> tuple[Batch, dict, str, str | None]:
 
 
 def main(argv=None) -> dict:
+    t0 = time.time()
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     batch, sc, title, tok = load_source(args)
@@ -355,10 +358,6 @@ def main(argv=None) -> dict:
     print(render_text(batch, sc, s, rows, name, title))
     prefix = args.out or os.path.join(find_source(args.dir, args.step), "inspect")
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    if not args.no_html:
-        with open(prefix + ".html", "w") as f:
-            f.write(render_html(batch, sc, s, rows, name, title))
-        print(f"wrote {prefix}.html")
     if not args.no_png and "logp_r3" in sc:
         mask = batch.loss_mask
         plot_inspection(dict(abs_log_r={arm: (sc[f"logp_{arm}"] - sc["logp_engine"]).abs()[mask].tolist()
@@ -367,8 +366,13 @@ def main(argv=None) -> dict:
                              examples=[row_tokens(batch, sc, r, name) for r in rows[:args.png_rows]], summary=s),
                         prefix + ".png", title=title)
         print(f"wrote {prefix}.png")
-    with open(prefix + ".json", "w") as f:
-        json.dump(_no_nan(s), f, indent=1)
+    prov = provenance(None if argv is None else ["-m", "r3.inspect", *argv], t0)
+    if not args.no_html:
+        foot = f"<p><small>{html.escape(markdown_line(prov).replace('`', '').replace('**', ''))}</small></p></body>"
+        with open(prefix + ".html", "w") as f:
+            f.write(render_html(batch, sc, s, rows, name, title).replace("</body>", foot))
+        print(f"wrote {prefix}.html")
+    atomic_write_json(prefix + ".json", dict(_no_nan(s), provenance=prov))
     return s
 
 

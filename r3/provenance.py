@@ -45,8 +45,9 @@ def git_state(repo: str = REPO) -> dict:
 
 
 def provenance(argv: list[str] | None = None, t0: float | None = None, *, repo: str = REPO) -> dict:
-    """Everything needed to say what produced a result. argv defaults to sys.argv; t0 is a time.time() start."""
-    argv = list(sys.argv if argv is None else argv)
+    """Everything needed to say what produced a result. t0 is a time.time() start. argv: the arguments after
+    `python` (e.g. ["train.py", "--r3"]); default: this process's own (`sys.orig_argv`, so `-m pkg.mod` is kept)."""
+    argv = list(sys.orig_argv[1:] if argv is None else argv)
     now = time.time()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return dict(**git_state(repo), torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
