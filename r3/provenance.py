@@ -6,9 +6,9 @@
   markdown_line(prov)         one line for a results table; it says **dirty tree** when the code was not committed
 
 The commit is that of the checkout holding this package (not of the current directory); outside a git checkout, or
-without git, `commit` and `dirty` are None. `dirty` counts modified tracked files and untracked files that are not
-ignored (run outputs are ignored by .gitignore). Left out: pip freeze, environment variables other than the thread
-settings, and the host name.
+without git, `commit` and `dirty` are None. `dirty` counts changed tracked files and untracked (not ignored) `.py`
+files, code that may have run; untracked outputs such as a results file being rewritten do not count. Left out: pip
+freeze, environment variables other than the thread settings, and the host name.
 """
 import datetime
 import os
@@ -38,8 +38,9 @@ def git_state(repo: str = REPO) -> dict:
     commit = _git(repo, "rev-parse", "HEAD")
     if commit is None or not commit.strip():
         return dict(commit=None, dirty=None, changed=None)
-    status = _git(repo, "status", "--porcelain")
-    changed = None if status is None else [line[3:] for line in status.splitlines() if line.strip()]
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all")
+    changed = None if status is None else [line[3:] for line in status.splitlines()
+                                           if line.strip() and (not line.startswith("??") or line.endswith(".py"))]
     return dict(commit=commit.strip(), dirty=None if changed is None else bool(changed),
                 changed=None if changed is None else changed[:20])
 

@@ -43,6 +43,11 @@ def test_dirty_tree_is_said(tmp_path):
     clean = provenance(["train.py"], t0=0.0, repo=str(tmp_path))
     assert clean["dirty"] is False and "dirty" not in markdown_line(clean)
     assert f"`{clean['commit'][:10]}`" in markdown_line(clean) and "`python" in markdown_line(clean)
+    (tmp_path / "out.json").write_text("{}")
+    assert provenance([], repo=str(tmp_path))["dirty"] is False  # an untracked output is not code
+    (tmp_path / "g.py").write_text("y = 1\n")
+    assert provenance([], repo=str(tmp_path))["changed"] == ["g.py"]  # untracked code is
+    (tmp_path / "g.py").unlink()
     (tmp_path / "f.py").write_text("x = 2\n")
     dirty = provenance(["train.py"], repo=str(tmp_path))
     assert dirty["dirty"] is True and dirty["changed"] == ["f.py"] and "dirty tree" in markdown_line(dirty)
