@@ -62,6 +62,8 @@ class Engine:
                  return_cache: bool = False):
         """Sample responses; returns a Batch, or (Batch, KVCache) with `return_cache` (for `continue_generation`).
 
+        temperature=0 decodes greedily (argmax, top_p unused); its `rollout_logp` are of the untempered softmax.
+
         record_routes=False keeps no routes (batch.routes None): only to measure what recording costs.
         """
         cfg, G = self.model.cfg, group_size
@@ -154,14 +156,15 @@ class Engine:
 
     def _sample_loop(self, cache, last_BV, max_new_tokens, eos_ids, pad_id, temperature, top_p, generator,
                      keep_logp_V):
-        """Decode one token at a time from `last_BV`; returns (tokens, valid, logp, full logp or None), each [B, N]."""
+        """Decode one token at a time from `last_BV`; returns (tokens, valid, logp, full logp or None), each [B, N].
+        temperature 0: argmax, log-probs of the untempered softmax."""
         B, dev = last_BV.shape[0], last_BV.device
         eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         toks, valids, logps, all_logps = [], [], [], []
         for step in range(max_new_tokens):
-            logp_BV = (last_BV.float() / temperature).log_softmax(-1)
-            tok = sample(logp_BV, top_p, generator)
+            logp_BV = (last_BV.float() / (temperature or 1.0)).log_softmax(-1)  # greedy: the untempered softmax
+            tok = logp_BV.argmax(-1) if temperature == 0 else sample(logp_BV, top_p, generator)
             tok = torch.where(done, torch.full_like(tok, pad_id), tok)
             valid = ~done
             toks.append(tok)

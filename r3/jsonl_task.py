@@ -9,7 +9,7 @@ Prompts are wrapped in the checkpoint tokenizer's ChatML template (`r3.hf.Tokeni
 whitespace removed, else 0.0; a reference that itself contains \\boxed{...} is compared by its boxed content.
 A response whose last \\boxed is never closed (cut off by the length limit) scores 0.
 
-Same interface as the toy tasks (`r3.tasks.Task`): `sample(n, generator)` → examples with `.prompt` token ids,
+Same interface as the toy tasks (`r3.tasks.Task`): `sample(n, generator, split)` → examples with `.prompt` token ids,
 `reward(response_ids, example)` → (reward, info), `max_new_tokens`, `name`.
 """
 import json
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from r3.hf import Tokenizer
+from r3.tasks import check_split, prompt_split
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,21 @@ class JsonlTask:
         q, a = self.rows[i]
         return JsonlExample(self.tokenizer.encode_chat(q), q, a)
 
-    def sample(self, n: int, g: torch.Generator) -> list[JsonlExample]:
-        """n examples drawn uniformly with replacement (the generator fixes the order, as for the toy tasks)."""
-        return [self.example(i) for i in torch.randint(0, len(self.rows), (n,), generator=g).tolist()]
+    def split_of(self, ex: JsonlExample) -> str:
+        return prompt_split(ex.question)
+
+    def split_rows(self, split: str | None) -> list[int]:
+        """Row indices of a split (`r3.tasks.prompt_split` of the question text); None = every row."""
+        check_split(split)
+        return [i for i, (q, _) in enumerate(self.rows) if split is None or prompt_split(q) == split]
+
+    def sample(self, n: int, g: torch.Generator, split: str | None = None) -> list[JsonlExample]:
+        """n examples drawn uniformly with replacement (the generator fixes the order, as for the toy tasks), from
+        the rows of `split` (None: all rows, the earlier stream bit for bit)."""
+        rows = self.split_rows(split) if split is not None else range(len(self.rows))
+        if not rows:
+            raise ValueError(f"{self.path}: no {split!r} rows ({len(self.rows)} rows in all)")
+        return [self.example(rows[i]) for i in torch.randint(0, len(rows), (n,), generator=g).tolist()]
 
     def reward(self, response: list[int], ex: JsonlExample) -> tuple[float, dict]:
         """response: generated ids, EOS included if produced; special tokens are dropped before matching."""

@@ -9,9 +9,14 @@ The reward is dense: the fraction of answer positions the response gets right (a
 short is scored against the longer of the two), so GRPO groups have variance from the start. `info["exact"]` says
 whether the whole answer, EOS included, was right.
 
+Held-out split: `prompt_split(prompt)` puts about one prompt in EVAL_MOD in "eval", by a hash of its content, so the
+split is the same on every machine, seed and run. `sample(n, g, split="train")` never returns an eval prompt (it
+redraws); `split=None` (the default) draws from all prompts, the stream every earlier run used, bit for bit.
+
 Tasks sit at the bottom of the import graph: they know token ids and rewards, nothing about models or engines
 (`r3/collect.py` samples and rewards them).
 """
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +24,20 @@ import torch
 VOCAB = [str(d) for d in range(10)] + ["+", "=", "SORT", "REV", "<eos>", "<pad>"]
 TOK = {s: i for i, s in enumerate(VOCAB)}
 EOS, PAD = TOK["<eos>"], TOK["<pad>"]
+EVAL_MOD = 16  # one prompt in 16 (by content hash) is held out for evaluation
+SPLITS = (None, "train", "eval")
+
+
+def prompt_split(prompt: list[int] | str) -> str:
+    """'eval' or 'train': a pure function of the prompt's content (token ids, or text for jsonl tasks)."""
+    data = prompt.encode() if isinstance(prompt, str) else ",".join(map(str, prompt)).encode()
+    h = int.from_bytes(hashlib.sha256(data).digest()[:8], "big")
+    return "eval" if h % EVAL_MOD == 0 else "train"
+
+
+def check_split(split: str | None) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
 
 @dataclass(frozen=True)
@@ -41,8 +60,22 @@ class Task:
         n = int(torch.randint(self.min_len, self.max_len + 1, (1,), generator=g))
         return torch.randint(0, 10, (n,), generator=g).tolist()
 
-    def sample(self, n: int, g: torch.Generator) -> list[Example]:
-        return [self.example(g) for _ in range(n)]
+    def split_of(self, ex: Example) -> str:
+        return prompt_split(ex.prompt)
+
+    def sample(self, n: int, g: torch.Generator, split: str | None = None) -> list[Example]:
+        """n examples; with a split, prompts of the other split are redrawn (error if none turns up in 10^5 draws)."""
+        check_split(split)
+        out, draws = [], 0
+        while len(out) < n:
+            ex = self.example(g)
+            draws += 1
+            if split is None or self.split_of(ex) == split:
+                out.append(ex)
+            elif draws > 100_000 + 1000 * n:
+                raise ValueError(f"task {self.name} ({self.min_len}-{self.max_len} digits) has too few {split!r} "
+                                 f"prompts: {len(out)} in {draws} draws; use longer inputs")
+        return out
 
     def reward(self, response: list[int], ex: Example) -> tuple[float, dict]:
         """response: generated ids, the EOS included if one was produced."""

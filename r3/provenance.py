@@ -1,0 +1,85 @@
+"""Provenance: which code, software and machine produced a run folder or a results file, and how long it took.
+
+  provenance(argv, t0)        dict: git commit and dirty flag, torch / Python versions, torch threads, machine,
+                              start time and wall time, the exact command line
+  stamp(run_dir, argv, t0)    writes RUN/provenance.json (atomically) and returns the dict
+  markdown_line(prov)         one line for a results table; it says **dirty tree** when the code was not committed
+
+The commit is that of the checkout holding this package (not of the current directory); outside a git checkout, or
+without git, `commit` and `dirty` are None. `dirty` counts changed tracked files and untracked (not ignored) `.py`
+files, code that may have run; untracked outputs such as a results file being rewritten do not count. Left out: pip
+freeze, environment variables other than the thread settings, and the host name.
+"""
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+import torch
+
+from r3.io import atomic_write_json
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _git(repo: str, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def git_state(repo: str = REPO) -> dict:
+    """commit (full hash), dirty (bool) and the changed paths (at most 20), or None-valued outside a checkout."""
+    commit = _git(repo, "rev-parse", "HEAD")
+    if commit is None or not commit.strip():
+        return dict(commit=None, dirty=None, changed=None)
+    status = _git(repo, "status", "--porcelain", "--untracked-files=all")
+    changed = None if status is None else [line[3:] for line in status.splitlines()
+                                           if line.strip() and (not line.startswith("??") or line.endswith(".py"))]
+    return dict(commit=commit.strip(), dirty=None if changed is None else bool(changed),
+                changed=None if changed is None else changed[:20])
+
+
+def provenance(argv: list[str] | None = None, t0: float | None = None, *, repo: str = REPO) -> dict:
+    """Everything needed to say what produced a result. t0 is a time.time() start. argv: the arguments after
+    `python` (e.g. ["train.py", "--r3"]); default: this process's own (`sys.orig_argv`, so `-m pkg.mod` is kept)."""
+    argv = list(sys.orig_argv[1:] if argv is None else argv)
+    now = time.time()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return dict(**git_state(repo), torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
+                python=platform.python_version(), threads=torch.get_num_threads(),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"), platform=platform.platform(),
+                machine=platform.machine(), cpu_count=os.cpu_count(),
+                started=None if t0 is None else _iso(t0), finished=_iso(now),
+                wall_s=None if t0 is None else round(now - t0, 3),
+                argv=argv, command=shlex.join([os.path.basename(sys.executable), *argv]), cwd=os.getcwd())
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def stamp(run_dir: str, argv: list[str] | None = None, t0: float | None = None, **kw) -> dict:
+    """Write RUN/provenance.json; call it at the end of a run (wall time) or at its start (t0=None)."""
+    prov = provenance(argv, t0, **kw)
+    os.makedirs(run_dir, exist_ok=True)
+    atomic_write_json(os.path.join(run_dir, "provenance.json"), prov)
+    return prov
+
+
+def markdown_line(prov: dict) -> str:
+    """One line for a results table, e.g. `code 1a2b3c4 (dirty tree) · torch 2.13.0 · ... · python train.py --r3`."""
+    if prov.get("commit") is None:
+        code = "code: not a git checkout"
+    else:
+        code = f"code `{prov['commit'][:10]}`" + (" (**dirty tree**)" if prov.get("dirty") else "")
+    wall = "" if prov.get("wall_s") is None else f" · wall {prov['wall_s']:.1f} s"
+    gpu = f", {prov['gpu']}" if prov.get("gpu") else ""
+    return (f"{code} · torch {prov['torch']} · Python {prov['python']} · {prov['threads']} thread"
+            f"{'s' if prov['threads'] != 1 else ''} · {prov['machine']}, {prov['cpu_count']} CPUs{gpu}{wall} · "
+            f"`{prov['command']}`")

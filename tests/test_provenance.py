@@ -1,0 +1,53 @@
+"""What this proves: provenance records commit, dirty flag, torch / Python versions, threads, machine, wall time and
+the exact command line; a dirty tree is said in the markdown line; outside a git checkout the commit is None."""
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from r3.provenance import markdown_line, provenance, stamp
+
+FIELDS = ["commit", "dirty", "torch", "python", "threads", "platform", "machine", "cpu_count", "started", "finished",
+          "wall_s", "argv", "command"]
+
+
+def test_fields(tmp_path):
+    p = provenance(["train.py", "--r3", "--out", "a b"], t0=0.0)
+    assert set(FIELDS) <= set(p)
+    assert p["torch"] == torch.__version__ and p["threads"] == torch.get_num_threads() and p["wall_s"] > 0
+    assert p["command"].endswith("train.py --r3 --out 'a b'") and p["argv"][1] == "--r3"
+    if p["commit"] is not None:  # this checkout
+        assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) and isinstance(p["dirty"], bool)
+    written = stamp(str(tmp_path / "run"), ["x"])
+    assert json.loads((tmp_path / "run" / "provenance.json").read_text())["command"] == written["command"]
+    assert written["wall_s"] is None
+
+
+def test_outside_git(tmp_path):
+    p = provenance([], repo=str(tmp_path))
+    assert p["commit"] is None and p["dirty"] is None
+    assert "not a git checkout" in markdown_line(p)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_dirty_tree_is_said(tmp_path):
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("x = 1\n")
+    git("add", "f.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    clean = provenance(["train.py"], t0=0.0, repo=str(tmp_path))
+    assert clean["dirty"] is False and "dirty" not in markdown_line(clean)
+    assert f"`{clean['commit'][:10]}`" in markdown_line(clean) and "`python" in markdown_line(clean)
+    (tmp_path / "out.json").write_text("{}")
+    assert provenance([], repo=str(tmp_path))["dirty"] is False  # an untracked output is not code
+    (tmp_path / "g.py").write_text("y = 1\n")
+    assert provenance([], repo=str(tmp_path))["changed"] == ["g.py"]  # untracked code is
+    (tmp_path / "g.py").unlink()
+    (tmp_path / "f.py").write_text("x = 2\n")
+    dirty = provenance(["train.py"], repo=str(tmp_path))
+    assert dirty["dirty"] is True and dirty["changed"] == ["f.py"] and "dirty tree" in markdown_line(dirty)
