@@ -3,15 +3,15 @@
 The disk half of the seed's SGLang → disk → Megatron pipeline (`collect_rollouts.py --output_dir --record_routing`):
   python rollout.py --model toy --task sort --warmup-steps 80 --num-prompts 64 --group-size 8 \\
       --rollout-dtype bf16 --out runs/rollout_bf16
-writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.batch.save_batch`; no pickle), which
-`r3.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the numbers it prints.
+writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.batch.save_batch`: one atomic folder with a
+checksum, no pickle), which `r3.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the numbers
+it prints. Every flag states its domain and is refused outside it before any work.
 
 Routes are always recorded for an MoE model: top-k computes them anyway, so there is no flag to turn them off.
 A dense model has none. After writing, it prints the reward, response length and, unless --no-mismatch, the
 train/inference mismatch of this batch against the fp32 trainer forward, without and with R3 replay.
 """
 import argparse
-import json
 import os
 import time
 
@@ -20,9 +20,11 @@ import torch
 from r3.batch import save_batch
 from r3.engine import ROLLOUT_DTYPES
 from r3.grpo import group_advantages
+from r3.io import atomic_write_json
 from r3.model import PRESETS
 from r3.score import FULL_VOCAB_MAX, mismatch_metrics
 from r3.tasks import make_task, rollout
+from r3.validate import nonneg_int, positive_float, positive_int, unit_interval
 from r3.warmup import load_model
 
 
@@ -36,29 +38,26 @@ def parse_args(argv=None):
                    help="architecture preset for a checkpoint whose metadata carries no model config")
     p.add_argument("--dense", action="store_true", help="use the preset's dense twin (no router, no routes)")
     p.add_argument("--task", default="sort", help="toy task: sort, reverse or add, optionally NAME:MIN-MAX")
-    p.add_argument("--warmup-steps", type=int, default=80,
+    p.add_argument("--warmup-steps", type=nonneg_int, default=80,
                    help="supervised warm-up steps for a preset (cached under --cache-dir; the same default as "
                         "train.py, so `train.py --rollouts` starts from the model that sampled); 0 = random init")
     p.add_argument("--init-seed", type=int, default=0, help="seed of the preset's init and warm-up data")
     p.add_argument("--cache-dir", default=".cache/warmup", help="where warmed-up checkpoints are cached")
-    p.add_argument("--num-prompts", type=int, default=64, help="number of distinct prompts")
-    p.add_argument("--group-size", type=int, default=8, help="samples per prompt (one GRPO group)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="response length cap (default: the task's)")
+    p.add_argument("--num-prompts", type=positive_int, default=64, help="number of distinct prompts (>= 1)")
+    p.add_argument("--group-size", type=positive_int, default=8, help="samples per prompt (one GRPO group; >= 1)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="response length cap, >= 1 (default: the task's)")
     p.add_argument("--rollout-dtype", default="bf16", choices=list(ROLLOUT_DTYPES),
                    help="rollout engine numerics (fp8 = simulated e4m3 weights, bf16 compute)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (1 = off)")
+    p.add_argument("--temperature", type=positive_float, default=1.0, help="sampling temperature (finite, > 0)")
+    p.add_argument("--top-p", type=unit_interval, default=1.0, help="nucleus sampling threshold in (0, 1] (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of sampling")
     p.add_argument("--out", required=True, help="output folder (batch.safetensors + manifest.json)")
     p.add_argument("--no-mismatch", action="store_true", help="skip the fp32-trainer mismatch summary")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (toy matmuls are too small for more)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch CPU threads (toy matmuls are too small for more)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar during the warm-up")
-    args = p.parse_args(argv)
-    if args.num_prompts < 1 or args.group_size < 1:
-        p.error("--num-prompts and --group-size must be >= 1")
-    if args.temperature <= 0 or not 0 < args.top_p <= 1:
-        p.error("--temperature must be > 0 and --top-p in (0, 1]")
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
@@ -101,8 +100,7 @@ def main(argv=None) -> dict:
                      f"{normal['token_flip_rate']:.4f} | R3 kl {r3['kl']:.3e} | R3 extreme_frac "
                      f"{r3['extreme_frac']:.4f}")
         print(line)
-    with open(os.path.join(args.out, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    atomic_write_json(os.path.join(args.out, "summary.json"), summary)
     print(f"total {time.time() - t0:.1f}s")
     return summary
 
