@@ -1,33 +1,64 @@
-"""Training checkpoints: written atomically, read without unpickling code.
+"""Training checkpoints: written atomically, read without unpickling code, checked before anything is restored.
 
 A checkpoint holds the model, the optimizer, the engine's weights, both RNG streams (data and sampling), the step,
 and the collapse guard's state, so a killed run resumes bit-identically (train.py drops metrics lines logged
 after the checkpoint's step, and recomputes them).
-It is one `torch.save` file of tensors and plain containers, written to `NAME.tmp` and renamed over `NAME`:
-a SIGKILL mid-save leaves the previous checkpoint intact. Loading uses `weights_only=True`.
+It is one `torch.save` file of tensors and plain containers, written to `NAME.tmp`, fsynced and renamed over `NAME`
+(`r3.io.atomic_write`): a SIGKILL mid-save leaves the previous checkpoint intact. A model with a NaN or inf
+parameter is not saved, so a bad step never replaces a good checkpoint. Loading uses `weights_only=True` and checks
+the whole file first (every section, every RNG stream, the `extra` keys the caller needs, the model's keys and
+shapes), so a refused checkpoint leaves the model, optimizer and generators untouched.
 """
-import os
-
 import torch
+
+from r3.io import atomic_write
+
+SECTIONS = ("model", "optimizer", "engine", "rng", "step", "extra")
 
 
 def save_checkpoint(path: str, *, model, optimizer, engine, generators: dict, step: int, extra: dict) -> None:
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"refusing to save {path}: {len(bad)} model tensor(s) hold NaN/inf (first {bad[0]!r}); "
+                         f"the previous checkpoint is kept")
     state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), engine=engine.model.state_dict(),
                  rng={k: g.get_state() for k, g in generators.items()}, step=step, extra=extra)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: str, *, model, optimizer, engine, generators: dict) -> tuple[int, dict]:
-    """Restore everything in place; returns (next step, extra)."""
+def _check_state(path: str, state, model, generators: dict, require_extra) -> None:
+    if not isinstance(state, dict):
+        raise RuntimeError(f"checkpoint {path!r} holds a {type(state).__name__}, not a training checkpoint")
+    for k in SECTIONS:
+        if k not in state:
+            raise RuntimeError(f"checkpoint {path!r} has no {k!r} (keys: {sorted(state)}); it cannot resume a run")
+        if not isinstance(state[k], int if k == "step" else dict):
+            raise RuntimeError(f"checkpoint {path!r}: {k!r} is a {type(state[k]).__name__}")
+    for k in generators:
+        if k not in state["rng"]:
+            raise RuntimeError(f"checkpoint {path!r} has no RNG state rng[{k!r}] (has {sorted(state['rng'])}); "
+                               f"a resume without it would not be bit-identical")
+    for k in require_extra:
+        if k not in state["extra"]:
+            raise RuntimeError(f"checkpoint {path!r} has no extra[{k!r}] (has {sorted(state['extra'])})")
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in state["model"].items()}
+    diff = [f"missing {k}" for k in want if k not in have] + [f"unexpected {k}" for k in have if k not in want]
+    diff += [f"{k}: {have[k]} in the file, {want[k]} in the model" for k in want if k in have and have[k] != want[k]]
+    if diff:
+        raise RuntimeError(f"checkpoint {path!r} was written for another model (a different preset or --dense?): "
+                           f"{len(diff)} difference(s), e.g. {diff[:3]}")
+
+
+def load_checkpoint(path: str, *, model, optimizer, engine, generators: dict,
+                    require_extra=("guard",)) -> tuple[int, dict]:
+    """Restore everything in place; returns (next step, extra). Raises RuntimeError naming the file and the key
+    of anything missing or mismatched, before restoring anything."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise RuntimeError(f"cannot read checkpoint {path!r}: {e}") from e
+    _check_state(path, state, model, generators, require_extra)
     model.load_state_dict(state["model"], strict=True)
     optimizer.load_state_dict(state["optimizer"])
     engine.model.load_state_dict(state["engine"], strict=True)

@@ -4,7 +4,8 @@ RL from random init gives all-zero rewards on these tasks, so every arm of an ab
 short supervised warm-up. The checkpoint is cached under a key of everything that determines it (model config,
 task, steps, batch, lr, seed), so arms and seeds that share those share one file, byte for byte. The warm-up always
 runs on one thread: with two, float reduction order differs, the MoE routes a few tokens differently, and the
-weights would depend on the machine.
+weights would depend on the machine. Cache files are written atomically (temp, fsync, rename); one that cannot be
+read anyway (truncated, corrupt, another model) is reported by path and rebuilt.
 """
 import dataclasses
 import hashlib
@@ -17,8 +18,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from r3.io import atomic_write
 from r3.model import PRESETS, ModelConfig, Transformer, build_model
 from r3.tasks import EOS, PAD, Task
+from r3.validate import check_model_config
 
 
 def sft_tensors(examples, pad_id: int = PAD):
@@ -59,16 +62,22 @@ def supervised_warmup(model: Transformer, task: Task, *, steps: int, batch_size:
 
 
 def save_weights(model: Transformer, path: str, meta: dict | None = None) -> None:
-    """safetensors, written to a temp file and renamed, so a killed writer never leaves a half file."""
+    """safetensors, written to a temp file, fsynced and renamed, so a killed writer never leaves a half file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, tmp, metadata={"r3": json.dumps(meta or {})})
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"r3": json.dumps(meta or {})}))
 
 
 def load_weights(model: Transformer, path: str) -> Transformer:
-    model.load_state_dict(load_file(path), strict=True)
+    """Load a `save_weights` file; ValueError naming the file when it is truncated, corrupt or for another model."""
+    try:
+        state = load_file(path)
+    except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
+        raise ValueError(f"{path}: corrupt or truncated safetensors file ({type(e).__name__}: {e})") from e
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: weights do not fit the model ({str(e)[:300]})") from e
     return model
 
 
@@ -81,7 +90,12 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
     path = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors")
     model = build_model(cfg, seed)
     if os.path.exists(path):
-        return load_weights(model, path), path
+        try:
+            return load_weights(model, path), path
+        except ValueError as e:  # a cache is only a cache: rebuild it
+            print(f"warm-up cache {path} is unreadable ({e}); rebuilding it")
+            os.remove(path)
+            model = build_model(cfg, seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the result must not depend on the machine: MoE routing amplifies reduction order
     try:
@@ -94,11 +108,22 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
 
 
 def checkpoint_config(path: str) -> ModelConfig | None:
-    """The ModelConfig stored in a `save_weights` checkpoint's metadata (warm-up cache key or `cfg`), if any."""
-    with safe_open(path, framework="pt") as f:
-        meta = json.loads((f.metadata() or {}).get("r3", "{}"))
-    cfg = meta.get("cfg") or meta.get("key", {}).get("cfg")
-    return None if cfg is None else ModelConfig(**cfg)
+    """The ModelConfig stored in a `save_weights` checkpoint's metadata (warm-up cache key or `cfg`), if any.
+    Raises ValueError naming the file when the file or its config cannot be read or could not run."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("r3", "{}"))
+    except Exception as e:  # safetensors' own errors for corrupt files; JSONDecodeError for the metadata
+        raise ValueError(f"{path}: corrupt safetensors file or unreadable r3 metadata ({type(e).__name__}: {e})") from e
+    cfg = meta.get("cfg") or (meta.get("key") or {}).get("cfg") if isinstance(meta, dict) else None
+    if cfg is None:
+        return None
+    try:
+        cfg = ModelConfig(**cfg)
+    except TypeError as e:
+        raise ValueError(f"{path}: the model config in its metadata does not fit ModelConfig ({e})") from e
+    check_model_config(cfg, f"{path} (metadata cfg)")
+    return cfg
 
 
 def load_model(spec: str, *, dense: bool, task: Task, task_spec: str, warmup_steps: int, init_seed: int,
