@@ -3,8 +3,9 @@
 The disk half of the seed's SGLang → disk → Megatron pipeline (`collect_rollouts.py --output_dir --record_routing`):
   python rollout.py --preset toy --task sort --warmup-steps 80 --prompts-per-step 64 --group-size 8 \\
       --rollout-dtype bf16 --out runs/rollout_bf16
-writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.batch.save_batch`; no pickle), which
-`r3.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the numbers it prints.
+writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.batch.save_batch`: one atomic folder with a
+checksum, no pickle), which `r3.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the numbers
+it prints. Every flag states its domain and is refused outside it before any work.
 
 Routes are always recorded for an MoE model: top-k computes them anyway, so there is no flag to turn them off.
 A dense model has none. After writing, it prints the reward, response length and, unless --no-mismatch, the

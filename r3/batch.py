@@ -18,23 +18,32 @@ On disk: `batch.safetensors` (tensors) + `manifest.json` (shapes, model/engine m
 Routes are stored encoded (`r3/routing.py`; default codec `rank`, the information limit for a top-k set): a flat uint8
 tensor `routes`, with the codec, shape and expert count in the safetensors header (`r3.routes_*` metadata) and
 mirrored in the manifest. A set codec returns each row's ids ascending; replay does not depend on their order.
-Version-1 folders (raw routes tensor) still load. `load_rollouts` reads one or many folders and validates them
-against a model config, naming the folder and row of anything that does not fit. `batch_from_samples` builds a
-Batch from external-engine samples (SGLang / vLLM, see `r3/routing.py`).
+The folder is written as one unit (temp folder, fsync, rename: `r3.io.atomic_write`), and the version-3 manifest
+holds a SHA-256 of the content (`batch_digest`: every tensor, the routes header, the manifest itself), so a flipped
+bit, a partial copy or an edited manifest is refused at load. Version-2 folders (no checksum) load with a warning;
+version-1 folders (raw routes tensor) still load. `load_rollouts` reads one or many folders (natural order) and
+validates every field against a model config (`r3/validate.py`), naming the folder, field and row of anything that
+does not fit. `batch_from_samples` builds a Batch from external-engine samples (SGLang / vLLM, see `r3/routing.py`).
 """
+import hashlib
 import json
 import os
+import re
+import warnings
 from dataclasses import dataclass, field, fields
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from r3.moe import RoutesError, check_routes
+from r3.io import atomic_write
+from r3.moe import RoutesError
 from r3.routing import CODECS, DEFAULT_FILE_CODEC, EngineSample, decode_routes, encode_routes, fit_routes, \
     routes_dtype
+from r3.validate import check_batch_fields, check_batch_model
 
 TENSORS = ("tokens", "attn_mask", "response_mask", "rollout_logp", "rewards", "group")
+BATCH_FILES = ("batch.safetensors", "manifest.json", "summary.json")  # what a batch folder may hold
 
 
 @dataclass
@@ -73,9 +82,30 @@ def _routes_num_experts(batch: Batch, num_experts: int | None) -> int:
     return max(int(num_experts), batch.routes.shape[-1])
 
 
+def batch_digest(tensors: dict[str, torch.Tensor], header: dict[str, str], manifest: dict) -> str:
+    """SHA-256 over every stored tensor (name, dtype, shape, bytes; sorted by name), the safetensors header and the
+    manifest (canonical JSON, without its `checksum`): what `save_batch` records and `load_batch` verifies."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(json.dumps([name, str(t.dtype), list(t.shape)]).encode())
+        h.update(t.view(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+    h.update(json.dumps(header, sort_keys=True).encode())
+    h.update(json.dumps({k: v for k, v in manifest.items() if k != "checksum"}, sort_keys=True).encode())
+    return "sha256:" + h.hexdigest()
+
+
 def save_batch(batch: Batch, out_dir: str, *, codec: str = DEFAULT_FILE_CODEC, num_experts: int | None = None) -> None:
-    """Write tensors + manifest atomically (temp files, then rename); routes encoded with `codec`."""
-    os.makedirs(out_dir, exist_ok=True)
+    """Write the folder as one atomic unit: a temp folder with tensors + manifest, fsynced, renamed over `out_dir`.
+
+    A SIGKILL at any point leaves the previous folder or the new one, never a mix. The manifest records a checksum
+    of the content (`batch_digest`). Refuses to replace a folder that holds anything but a batch.
+    """
+    out_dir = out_dir.rstrip(os.sep)
+    if os.path.isdir(out_dir):
+        other = sorted(set(os.listdir(out_dir)) - {f + s for f in BATCH_FILES for s in ("", ".tmp", ".old")})
+        if other:
+            raise ValueError(f"refusing to replace {out_dir!r} with a rollout batch: it holds other files {other[:5]}")
     tensors = {k: getattr(batch, k).contiguous() for k in TENSORS}
     header, info = {}, dict(has_routes=batch.routes is not None, routes_shape=None, routes_codec=None)
     if batch.routes is not None:
@@ -85,23 +115,24 @@ def save_batch(batch: Batch, out_dir: str, *, codec: str = DEFAULT_FILE_CODEC, n
                     routes_nbytes=tensors["routes"].numel())
         header = {"r3.routes_codec": codec, "r3.routes_shape": json.dumps(info["routes_shape"]),
                   "r3.routes_num_experts": str(E)}
-    manifest = dict(format="r3-batch", version=2, num_rows=len(batch), seq_len=batch.tokens.shape[1], **info,
+    manifest = dict(format="r3-batch", version=3, num_rows=len(batch), seq_len=batch.tokens.shape[1], **info,
                     meta=batch.meta)
-    tmp = os.path.join(out_dir, "batch.safetensors.tmp")
-    save_file(tensors, tmp, metadata=header)
-    os.replace(tmp, os.path.join(out_dir, "batch.safetensors"))
-    tmp = os.path.join(out_dir, "manifest.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(tmp, os.path.join(out_dir, "manifest.json"))
+    manifest = json.loads(json.dumps(manifest))  # as it will read back (e.g. int keys become strings)
+    manifest["checksum"] = batch_digest(tensors, header, manifest)
+
+    def write(tmp):
+        os.makedirs(tmp)
+        save_file(tensors, os.path.join(tmp, "batch.safetensors"), metadata=header)
+        with open(os.path.join(tmp, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+    atomic_write(out_dir, write)
 
 
 def _read_routes(tpath: str, payload: torch.Tensor, manifest: dict) -> torch.Tensor:
     """Decode the routes payload as its safetensors header says, refusing headers that disagree or do not parse."""
     if manifest.get("version", 1) == 1:  # raw id tensor, before codecs
         return payload
-    with safe_open(tpath, "pt") as f:
-        header = f.metadata() or {}
+    header = _header(tpath)
     try:
         codec = header["r3.routes_codec"]
         shape = json.loads(header["r3.routes_shape"])
@@ -120,23 +151,56 @@ def _read_routes(tpath: str, payload: torch.Tensor, manifest: dict) -> torch.Ten
         raise RoutesError(f"{tpath}: {e}") from e
 
 
-def load_batch(in_dir: str) -> Batch:
-    """Read a batch written by `save_batch`, refusing anything inconsistent with a message that names it."""
+def _header(tpath: str) -> dict:
+    with safe_open(tpath, "pt") as f:
+        return f.metadata() or {}
+
+
+def _read_manifest(in_dir: str) -> dict:
+    mpath = os.path.join(in_dir, "manifest.json")
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{mpath}: not valid JSON ({e})") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != "r3-batch":
+        raise ValueError(f"{mpath}: not an r3 rollout manifest")
+    version = manifest.get("version", 1)
+    if version not in (1, 2, 3):
+        raise ValueError(f"{mpath}: unsupported manifest version {version!r} (this code reads 1, 2, 3)")
+    need = dict(num_rows=int, seq_len=int, has_routes=bool)
+    if manifest.get("has_routes") and version >= 2:
+        need.update(routes_shape=list, routes_codec=str)
+    if version >= 3:
+        need.update(checksum=str)
+    for k, typ in need.items():
+        if k not in manifest:
+            raise ValueError(f"{mpath}: missing field {k!r}")
+        if not isinstance(manifest[k], typ) or (typ is int and isinstance(manifest[k], bool)):
+            raise ValueError(f"{mpath}: field {k!r} is {manifest[k]!r}, expected {typ.__name__}")
+    if not isinstance(manifest.get("meta", {}), dict):
+        raise ValueError(f"{mpath}: field 'meta' must be an object")
+    return manifest
+
+
+def _missing_folder(in_dir: str) -> str:
+    left = [p for p in (in_dir + ".tmp", in_dir + ".old") if os.path.exists(p)]
+    hint = f" (a writer was killed mid-write: {left} hold(s) its temporary copies; rerun the writer)" if left else ""
+    return f"rollout folder {in_dir!r} does not exist{hint}"
+
+
+def _load(in_dir: str) -> tuple[Batch, dict]:
+    in_dir = in_dir.rstrip(os.sep)
+    if not os.path.isdir(in_dir):
+        raise FileNotFoundError(_missing_folder(in_dir))
     mpath, tpath = os.path.join(in_dir, "manifest.json"), os.path.join(in_dir, "batch.safetensors")
     for p in (mpath, tpath):
         if not os.path.exists(p):
             raise FileNotFoundError(f"rollout folder {in_dir!r} has no {os.path.basename(p)}")
-    try:
-        with open(mpath) as f:
-            manifest = json.load(f)
-    except ValueError as e:
-        raise ValueError(f"{mpath}: not valid JSON ({e})") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != "r3-batch":
-        raise ValueError(f"{mpath}: not an r3 rollout manifest")
-    if manifest.get("version", 1) not in (1, 2):
-        raise ValueError(f"{mpath}: unsupported manifest version {manifest.get('version')!r} (this code reads 1, 2)")
+    manifest = _read_manifest(in_dir)
     try:
         t = load_file(tpath)
+        header = _header(tpath)
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
         raise ValueError(f"{tpath}: corrupt or truncated safetensors file ({e})") from e
     missing = [k for k in TENSORS if k not in t]
@@ -155,61 +219,68 @@ def load_batch(in_dir: str) -> Batch:
                               f"{manifest['routes_shape']} / tokens [{B}, {T}] (want [{B}, {T - 1}, L, K])")
     elif routes is not None:
         raise RoutesError(f"{tpath}: the file holds routes but the manifest says none were recorded")
-    return Batch(routes=routes, meta=manifest.get("meta", {}), **{k: t[k] for k in TENSORS})
+    if manifest.get("version", 1) >= 3:
+        if batch_digest(t, header, manifest) != manifest["checksum"]:
+            raise ValueError(f"{in_dir}: checksum mismatch: the content is not what save_batch wrote (a flipped bit, "
+                             f"a partial copy or an edit); refusing it")
+    else:
+        warnings.warn(f"{in_dir}: a version-{manifest.get('version', 1)} rollout folder has no checksum, so its "
+                      f"content cannot be verified (load and save_batch it again to add one)", stacklevel=3)
+    b = Batch(routes=routes, meta=manifest.get("meta", {}), **{k: t[k] for k in TENSORS})
+    check_batch_fields(b, in_dir)
+    return b, manifest
+
+
+def load_batch(in_dir: str) -> Batch:
+    """Read a batch written by `save_batch`, refusing anything inconsistent with a message that names it.
+
+    Checks: manifest fields, the file, the routes header, the checksum (version 3; older folders load with a
+    warning), then every field's dtype, shape and range (`r3.validate.check_batch_fields`).
+    """
+    return _load(in_dir)[0]
+
+
+def _natural_key(path: str) -> list:
+    return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", path)]
+
+
+def rollout_folders(path: str) -> list[str]:
+    """`path` if it is a batch folder, else every batch folder below it in natural order (step2 before step10).
+    Temporary copies left by a killed writer (`*.tmp`, `*.old`) are skipped."""
+    path = path.rstrip(os.sep)
+    if os.path.exists(os.path.join(path, "manifest.json")):
+        return [path]
+    if not os.path.isdir(path):
+        raise FileNotFoundError(_missing_folder(path))
+    dirs = []
+    for root, sub, files in os.walk(path):
+        sub[:] = [s for s in sub if not s.endswith((".tmp", ".old"))]
+        if "manifest.json" in files:
+            dirs.append(root)
+    if not dirs:
+        raise FileNotFoundError(f"no rollout folders (with manifest.json) under {path!r}")
+    return sorted(dirs, key=_natural_key)
 
 
 def load_rollouts(path: str, cfg, *, require_routes: bool = True) -> list[Batch]:
-    """Load one saved batch folder, or every batch folder below `path` (sorted), validated against `cfg`.
+    """Load one saved batch folder, or every batch folder below `path` (natural order), validated against `cfg`.
 
-    cfg is a `ModelConfig`. With `require_routes` (training with --r3) every batch must carry routes that fit the
-    model: [rows, T-1, num_hidden_layers, num_experts_per_tok], ids in range, K distinct ids per (position, layer).
-    Errors name the folder and the row. Each Batch gets `meta["source"] = folder`.
+    cfg is a `ModelConfig`. Every field is checked (`load_batch`), then against the model
+    (`r3.validate.check_batch_model`): positions, vocabulary, and with `require_routes` (training with --r3) routes
+    that fit: [rows, T-1, num_hidden_layers, num_experts_per_tok], ids in range, K distinct ids per (position, layer),
+    recorded on a model with cfg.num_experts experts. Errors name the folder, field and row.
+    Each Batch gets `meta["source"] = folder`.
     """
-    if os.path.exists(os.path.join(path, "manifest.json")):
-        dirs = [path]
-    else:
-        dirs = sorted(os.path.dirname(os.path.join(root, "manifest.json")) for root, _, files in os.walk(path)
-                      if "manifest.json" in files)
-    if not dirs:
-        raise FileNotFoundError(f"no rollout folders (with manifest.json) under {path!r}")
+    dirs = rollout_folders(path)
     if require_routes and cfg.dense:
         raise RoutesError("routes cannot be replayed into a dense model (cfg.dense=True); drop --r3")
     out = []
     for d in dirs:
-        b = load_batch(d)
+        b, manifest = _load(d)
+        check_batch_model(b, cfg, d, require_routes=require_routes, num_experts=manifest.get("routes_num_experts"))
         b.meta["source"] = d
-        _validate_against(b, cfg, d, require_routes)
         out.append(b)
     return out
-
-
-def _validate_against(b: Batch, cfg, where: str, require_routes: bool) -> None:
-    B, T = b.tokens.shape
-    if T - 1 > cfg.max_position_embeddings:
-        raise ValueError(f"{where}: sequences of {T} tokens exceed max_position_embeddings "
-                         f"{cfg.max_position_embeddings}")
-    bad = ((b.tokens < 0) | (b.tokens >= cfg.vocab_size)) & b.attn_mask
-    if bad.any():
-        r = int(bad.any(1).nonzero()[0, 0])
-        raise ValueError(f"{where}: row {r} has token ids outside the vocabulary [0, {cfg.vocab_size})")
-    if b.routes is None or cfg.dense:  # a dense model has no router: any routes are unused
-        if require_routes and not cfg.dense:
-            raise RoutesError(f"{where}: rows 0..{B - 1} have no routes (recorded without routes?); "
-                              f"R3 replay needs them")
-        return
-    L, K, E = cfg.num_hidden_layers, cfg.num_experts_per_tok, cfg.num_experts
-    if tuple(b.routes.shape[2:]) != (L, K):
-        raise RoutesError(f"{where}: routes are [{B}, {T - 1}, {b.routes.shape[2]}, {b.routes.shape[3]}] "
-                          f"(layers, k) but the model has {L} layers and top-{K}; every row is affected")
-    try:
-        check_routes(b.routes, batch=B, seq=T - 1, num_layers=L, top_k=K, num_experts=E)
-    except RoutesError:
-        for r in range(B):  # find the first bad row to name it
-            try:
-                check_routes(b.routes[r:r + 1], batch=1, seq=T - 1, num_layers=L, top_k=K, num_experts=E)
-            except RoutesError as e:
-                raise RoutesError(f"{where}: row {r} (group {int(b.group[r])}): {e}") from e
-        raise
 
 
 def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: dict | None = None) -> Batch:

@@ -1,14 +1,16 @@
-"""Checkpoints and weights: written atomically, read without unpickling code.
+"""Checkpoints and weights: written atomically, read without unpickling code, checked before anything is restored.
 
-`save_checkpoint` / `load_checkpoint`: the resumable training state.
-A checkpoint holds the model, the optimizer, the engine's weights, both RNG streams (data and sampling), the step,
-and the collapse guard's state, so a killed run resumes bit-identically (train.py drops metrics lines logged
-after the checkpoint's step, and recomputes them).
-It is one `torch.save` file of tensors and plain containers, written to `NAME.tmp` and renamed over `NAME`:
-a SIGKILL mid-save leaves the previous checkpoint intact. Loading uses `weights_only=True`.
+`save_checkpoint` / `load_checkpoint`: the resumable training state. A checkpoint holds the model, the optimizer,
+the in-process engine's weights, both RNG streams (data and sampling), the step, and the collapse guard's state, so
+a killed run resumes bit-identically (train.py drops metrics lines logged after the checkpoint's step, and
+recomputes them). It is one `torch.save` file of tensors and plain containers, written to `NAME.tmp`, fsynced and
+renamed over `NAME` (`r3.io.atomic_write`): a SIGKILL mid-save leaves the previous checkpoint intact. A model with a
+NaN or inf parameter is not saved, so a bad step never replaces a good checkpoint. Loading uses `weights_only=True`
+and checks the whole file first (every section, every RNG stream, the `extra` keys the caller needs, the model's
+keys and shapes), so a refused checkpoint leaves the model, optimizer and generators untouched.
 
 `save_weights` / `load_weights`: model weights alone, as safetensors with the model config in the metadata (the
-warm-up cache, and checkpoints rollout.py can load by path); `checkpoint_config` reads that config back.
+warm-up cache, and checkpoints rollout.py loads with `--model PATH`); `checkpoint_config` reads that config back.
 """
 import json
 import os
@@ -19,22 +21,56 @@ from safetensors.torch import load_file, save_file
 
 from r3.io import atomic_write
 from r3.model import ModelConfig, Transformer
+from r3.validate import check_model_config
+
+SECTIONS = ("model", "optimizer", "engine", "rng", "step", "extra")
 
 
 def save_checkpoint(path: str, *, model, optimizer, engine, generators: dict, step: int, extra: dict) -> None:
     """engine: the in-process engine (its weights are saved too), or None for a server engine (re-synced on load)."""
+    bad = [k for k, v in model.state_dict().items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"refusing to save {path}: {len(bad)} model tensor(s) hold NaN/inf (first {bad[0]!r}); "
+                         f"the previous checkpoint is kept")
     state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
-                 engine=None if engine is None else engine.model.state_dict(),
+                 engine={} if engine is None else engine.model.state_dict(),
                  rng={k: g.get_state() for k, g in generators.items()}, step=step, extra=extra)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
-def load_checkpoint(path: str, *, model, optimizer, engine, generators: dict) -> tuple[int, dict]:
-    """Restore everything in place; returns (next step, extra)."""
+def _check_state(path: str, state, model, generators: dict, require_extra) -> None:
+    if not isinstance(state, dict):
+        raise RuntimeError(f"checkpoint {path!r} holds a {type(state).__name__}, not a training checkpoint")
+    for k in SECTIONS:
+        if k not in state:
+            raise RuntimeError(f"checkpoint {path!r} has no {k!r} (keys: {sorted(state)}); it cannot resume a run")
+        if not isinstance(state[k], int if k == "step" else dict):
+            raise RuntimeError(f"checkpoint {path!r}: {k!r} is a {type(state[k]).__name__}")
+    for k in generators:
+        if k not in state["rng"]:
+            raise RuntimeError(f"checkpoint {path!r} has no RNG state rng[{k!r}] (has {sorted(state['rng'])}); "
+                               f"a resume without it would not be bit-identical")
+    for k in require_extra:
+        if k not in state["extra"]:
+            raise RuntimeError(f"checkpoint {path!r} has no extra[{k!r}] (has {sorted(state['extra'])})")
+    want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in state["model"].items()}
+    diff = [f"missing {k}" for k in want if k not in have] + [f"unexpected {k}" for k in have if k not in want]
+    diff += [f"{k}: {have[k]} in the file, {want[k]} in the model" for k in want if k in have and have[k] != want[k]]
+    if diff:
+        raise RuntimeError(f"checkpoint {path!r} was written for another model (a different preset or --dense?): "
+                           f"{len(diff)} difference(s), e.g. {diff[:3]}")
+
+
+def load_checkpoint(path: str, *, model, optimizer, engine, generators: dict,
+                    require_extra=("guard",)) -> tuple[int, dict]:
+    """Restore everything in place; returns (next step, extra). Raises RuntimeError naming the file and the key
+    of anything missing or mismatched, before restoring anything. engine None: a server engine (not restored)."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise RuntimeError(f"cannot read checkpoint {path!r}: {e}") from e
+    _check_state(path, state, model, generators, require_extra)
     model.load_state_dict(state["model"], strict=True)
     optimizer.load_state_dict(state["optimizer"])
     if engine is not None:
@@ -45,20 +81,39 @@ def load_checkpoint(path: str, *, model, optimizer, engine, generators: dict) ->
 
 
 def save_weights(model: Transformer, path: str, meta: dict | None = None) -> None:
-    """safetensors, written to a temp file and renamed, so a killed writer never leaves a half file."""
+    """safetensors, written to a temp file, fsynced and renamed, so a killed writer never leaves a half file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"r3": json.dumps(meta or {})}))
 
 
 def load_weights(model: Transformer, path: str) -> Transformer:
-    model.load_state_dict(load_file(path), strict=True)
+    """Load a `save_weights` file; ValueError naming the file when it is truncated, corrupt or for another model."""
+    try:
+        state = load_file(path)
+    except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
+        raise ValueError(f"{path}: corrupt or truncated safetensors file ({type(e).__name__}: {e})") from e
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"{path}: weights do not fit the model ({str(e)[:300]})") from e
     return model
 
 
 def checkpoint_config(path: str) -> ModelConfig | None:
-    """The ModelConfig stored in a `save_weights` checkpoint's metadata (warm-up cache key or `cfg`), if any."""
-    with safe_open(path, framework="pt") as f:
-        meta = json.loads((f.metadata() or {}).get("r3", "{}"))
-    cfg = meta.get("cfg") or meta.get("key", {}).get("cfg")
-    return None if cfg is None else ModelConfig(**cfg)
+    """The ModelConfig stored in a `save_weights` checkpoint's metadata (warm-up cache key or `cfg`), if any.
+    Raises ValueError naming the file when the file or its config cannot be read or could not run."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("r3", "{}"))
+    except Exception as e:  # safetensors' own errors for corrupt files; JSONDecodeError for the metadata
+        raise ValueError(f"{path}: corrupt safetensors file or unreadable r3 metadata ({type(e).__name__}: {e})") from e
+    cfg = meta.get("cfg") or (meta.get("key") or {}).get("cfg") if isinstance(meta, dict) else None
+    if cfg is None:
+        return None
+    try:
+        cfg = ModelConfig(**cfg)
+    except TypeError as e:
+        raise ValueError(f"{path}: the model config in its metadata does not fit ModelConfig ({e})") from e
+    check_model_config(cfg, f"{path} (metadata cfg)")
+    return cfg

@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from r3.model import ModelConfig, Transformer
+from r3.validate import check_model_config
 
 
 class CheckpointError(ValueError):
@@ -81,6 +82,20 @@ def hf_items(name: str, t: torch.Tensor):
 
 # ---------------------------------------------------------------------------------------------------------- config
 
+def read_json(path: str) -> dict:
+    """A JSON object from `path`; CheckpointError naming the file (and line / column) when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
 def _get(raw: dict, *names, default=None):
     for n in names:
         if raw.get(n) is not None:
@@ -118,6 +133,11 @@ def config_from_hf(raw: dict, where: str = "config.json") -> tuple[ModelConfig, 
     if missing:
         raise CheckpointError(f"{where}: missing fields {missing} (num_experts may be num_local_experts; "
                               f"rope_theta may be rope_parameters.rope_theta)")
+    optional = dict(num_key_value_heads=raw.get("num_key_value_heads"), head_dim=raw.get("head_dim"),
+                    max_position_embeddings=raw.get("max_position_embeddings"))
+    for k, v in {**required, **optional}.items():
+        if v is not None and k != "rope_theta" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise CheckpointError(f"{where}: {k}={v!r} must be a positive integer")
     H = raw["num_attention_heads"]
     cfg = ModelConfig(
         vocab_size=raw["vocab_size"], hidden_size=raw["hidden_size"], num_hidden_layers=raw["num_hidden_layers"],
@@ -126,13 +146,21 @@ def config_from_hf(raw: dict, where: str = "config.json") -> tuple[ModelConfig, 
         moe_intermediate_size=raw["moe_intermediate_size"], num_experts=num_experts,
         num_experts_per_tok=raw["num_experts_per_tok"],
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),  # the HF class default is False
-        rope_theta=float(rope_theta), rms_norm_eps=float(_get(raw, "rms_norm_eps", default=1e-6)),
+        rope_theta=_float(rope_theta, "rope_theta", where),
+        rms_norm_eps=_float(_get(raw, "rms_norm_eps", default=1e-6), "rms_norm_eps", where),
         max_position_embeddings=_get(raw, "max_position_embeddings", default=32768))
-    if H % cfg.num_key_value_heads:
-        raise CheckpointError(f"{where}: num_attention_heads={H} is not a multiple of "
-                              f"num_key_value_heads={cfg.num_key_value_heads}")
+    try:
+        check_model_config(cfg, where)  # e.g. num_experts_per_tok > num_experts: refused here, not at a forward
+    except ValueError as e:
+        raise CheckpointError(str(e)) from e
     name = _get(raw, "dtype", "torch_dtype")
     return cfg, DTYPES.get(name) if isinstance(name, str) else None
+
+
+def _float(v, name: str, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise CheckpointError(f"{where}: {name}={v!r} must be a number")
+    return float(v)
 
 
 def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict:
@@ -156,8 +184,7 @@ def load_config(path: str) -> tuple[ModelConfig, torch.dtype | None]:
     where = os.path.join(path, "config.json")
     if not os.path.exists(where):
         raise CheckpointError(f"{path!r} has no config.json")
-    with open(where) as f:
-        return config_from_hf(json.load(f), where)
+    return config_from_hf(read_json(where), where)
 
 
 # --------------------------------------------------------------------------------------------------------- weights
@@ -166,10 +193,12 @@ def shard_files(path: str) -> list[str]:
     """The safetensors files of a checkpoint, from the index when there is one."""
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map")
-        if not weight_map:
-            raise CheckpointError(f"{index}: no weight_map")
+        weight_map = read_json(index).get("weight_map")
+        if not weight_map or not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map object")
+        bad = [k for k, v in weight_map.items() if not isinstance(v, str)]
+        if bad:
+            raise CheckpointError(f"{index}: weight_map[{bad[0]!r}] is {weight_map[bad[0]]!r}, not a file name")
         files = sorted(set(weight_map.values()))
         for fn in files:
             if not os.path.exists(os.path.join(path, fn)):
@@ -337,24 +366,30 @@ def load_tokenizer(path: str) -> Tokenizer:
     fn = os.path.join(path, "tokenizer.json")
     if not os.path.exists(fn):
         raise CheckpointError(f"{path!r} has no tokenizer.json")
-    tok = HFTokenizer.from_file(fn)
+    try:
+        tok = HFTokenizer.from_file(fn)
+    except Exception as e:  # the tokenizers package raises a bare Exception with no file name
+        raise CheckpointError(f"{fn}: cannot be read as a tokenizer ({e})") from e
 
     def read(name):
         p = os.path.join(path, name)
-        if not os.path.exists(p):
-            return {}
-        with open(p) as f:
-            return json.load(f)
+        return read_json(p) if os.path.exists(p) else {}
 
-    def token_id(t):  # tokenizer_config stores tokens as strings or as {"content": ...}
+    def token_id(t, field):  # tokenizer_config stores tokens as strings or as {"content": ...}
         t = t.get("content") if isinstance(t, dict) else t
+        if t is not None and not isinstance(t, str):
+            raise CheckpointError(f"{os.path.join(path, 'tokenizer_config.json')}: {field}={t!r} is not a token")
         return None if t is None else tok.token_to_id(t)
 
     gen, tcfg = read("generation_config.json"), read("tokenizer_config.json")
     eos = gen.get("eos_token_id")
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-    if token_id(tcfg.get("eos_token")) is not None and token_id(tcfg.get("eos_token")) not in eos:
-        eos.append(token_id(tcfg.get("eos_token")))
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else eos
+    if not isinstance(eos, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+        raise CheckpointError(f"{os.path.join(path, 'generation_config.json')}: eos_token_id="
+                              f"{gen.get('eos_token_id')!r} must be a token id or a list of them")
+    eos_tok = token_id(tcfg.get("eos_token"), "eos_token")
+    if eos_tok is not None and eos_tok not in eos:
+        eos.append(eos_tok)
     eos = tuple(eos) or QWEN_EOS_IDS
-    pad = token_id(tcfg.get("pad_token"))
+    pad = token_id(tcfg.get("pad_token"), "pad_token")
     return Tokenizer(tok, eos, eos[0] if pad is None else pad)

@@ -1,11 +1,15 @@
 """Files that survive a kill: atomic writes and JSON-lines logs.
 
 `atomic_write(path, fn)` has `fn(tmp)` write a temporary sibling (a file or a folder), fsyncs it, and renames it over
-`path`: a SIGKILL at any point leaves either the old `path` or the new one, never a torn mix (replacing an existing
-folder takes two renames; a kill between them leaves the old one as `path + ".old"`). `atomic_write_json`
-is the one-line form for small JSON files. `read_jsonl` / `append_jsonl` / `write_jsonl` read, extend and rewrite a metrics log, one JSON
-object per line.
+`path`: a SIGKILL at any point leaves either the old `path` or the new one, never a torn mix. An existing folder is
+replaced by one atomic swap (`exchange`, Linux); where the OS cannot swap, by two renames, and a kill between them
+leaves no `path` but the old folder as `path + ".old"` and the new one as `path + ".tmp"`. `atomic_write_json`
+is the one-line form for small JSON files. `read_jsonl` / `append_jsonl` / `write_jsonl` read, extend (fsynced) and
+atomically replace a metrics log, one JSON object per line; `r3/runfolder.py` repairs a torn last line.
 """
+import ctypes
+import errno
+import functools
 import json
 import os
 import shutil
@@ -31,15 +35,43 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     _remove(tmp)  # left by a killed writer
     write(tmp)
     fsync_path(tmp)
+    old = path + ".old"
     if os.path.isdir(tmp) and os.path.isdir(path):  # a folder cannot be renamed over a non-empty one
-        old = path + ".old"
-        _remove(old)
-        os.replace(path, old)
-        os.replace(tmp, path)
-        _remove(old)
+        if exchange(tmp, path):  # one atomic swap; tmp now holds the old folder
+            old = tmp
+        else:
+            _remove(old)
+            os.replace(path, old)
+            os.replace(tmp, path)
     else:
         os.replace(tmp, path)
     fsync_path(os.path.dirname(os.path.abspath(path)))
+    _remove(old)  # this write's, or one a killed writer left between its two renames
+
+
+def exchange(a: str, b: str) -> bool:
+    """Swap two existing paths in one atomic step (Linux `renameat2(RENAME_EXCHANGE)`, ext4/xfs/btrfs/tmpfs).
+    Returns False, having changed nothing, where the C library or the filesystem cannot."""
+    fn = getattr(_libc(), "renameat2", None)
+    if fn is None:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), a, b)
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
 
 
 def atomic_write_json(path: str, obj, indent: int | None = 1) -> None:
@@ -58,7 +90,7 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def write_jsonl(path: str, records: list[dict]) -> None:
-    """Replace a JSON-lines file atomically (a new file, then a rename)."""
+    """Replace a JSON-lines file atomically (a new file, fsynced, renamed over it)."""
     def write(tmp):
         with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)

@@ -3,6 +3,8 @@
 File format: one JSON object per line with a string field `prompt` (the question, as the user would ask it) and a
 field `answer` (the reference: a string, or a number, which is turned into a string). Blank lines are skipped.
 Other field names: `jsonl:FILE:QUESTION_KEY:ANSWER_KEY`, e.g. `jsonl:gsm8k.jsonl:question:solution`.
+A bad line (not UTF-8, not JSON, a missing or mistyped field) is refused naming the file and line, and
+`JsonlTask.check_lengths` names the first line whose prompt the model's positions cannot hold.
 
 Prompts are wrapped in the checkpoint tokenizer's ChatML template (`r3.hf.Tokenizer.encode_chat`). The reward is
 1.0 when the content of the response's last `\\boxed{...}` (nested braces allowed) equals the reference with all
@@ -13,6 +15,7 @@ Same interface as the toy tasks (`r3.tasks.Task`): `sample(n, generator, split)`
 `reward(response_ids, example)` → (reward, info), `max_new_tokens`, `name`.
 """
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -63,30 +66,45 @@ def boxed_reward(response_text: str, reference: str) -> tuple[float, dict]:
 
 def read_jsonl(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[tuple[str, str]]:
     """(question, answer) pairs; a bad line raises ValueError naming the file, line and field."""
+    return [(q, a) for _, q, a in read_jsonl_lines(path, prompt_key, answer_key)]
+
+
+def read_jsonl_lines(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[tuple[int, str, str]]:
+    """(line number, question, answer) per example; a bad line (not UTF-8, not JSON, missing or mistyped field)
+    raises ValueError naming the file, line and field."""
     rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{n}: not UTF-8 text (byte {e.start} of the line: {e.reason})") from e
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from e
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
-            for key in (prompt_key, answer_key):
-                if key not in obj:
-                    raise ValueError(f"{path}:{n}: missing field {key!r} (fields: {sorted(obj)})")
-            q, a = obj[prompt_key], obj[answer_key]
-            if not isinstance(q, str):
-                raise ValueError(f"{path}:{n}: field {prompt_key!r} must be a string, got {type(q).__name__}")
-            if isinstance(a, bool) or not isinstance(a, (str, int, float)):
-                raise ValueError(f"{path}:{n}: field {answer_key!r} must be a string or number, "
-                                 f"got {type(a).__name__}")
-            rows.append((q, str(a)))
+            rows.append((n, *_parse_line(line, f"{path}:{n}", prompt_key, answer_key)))
     if not rows:
         raise ValueError(f"{path}: no examples")
     return rows
+
+
+def _parse_line(line: str, where: str, prompt_key: str, answer_key: str) -> tuple[str, str]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e})") from e
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    for key in (prompt_key, answer_key):
+        if key not in obj:
+            raise ValueError(f"{where}: missing field {key!r} (fields: {sorted(obj)})")
+    q, a = obj[prompt_key], obj[answer_key]
+    if not isinstance(q, str):
+        raise ValueError(f"{where}: field {prompt_key!r} must be a string, got {type(q).__name__}")
+    if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+        raise ValueError(f"{where}: field {answer_key!r} must be a string or number, got {type(a).__name__}")
+    if isinstance(a, float) and not math.isfinite(a):
+        raise ValueError(f"{where}: field {answer_key!r} is {a}, not a reference answer")
+    return q, str(a)
 
 
 class JsonlTask:
@@ -95,7 +113,9 @@ class JsonlTask:
     def __init__(self, path: str, tokenizer: Tokenizer, *, prompt_key: str = "prompt", answer_key: str = "answer",
                  max_new_tokens: int = 1024):
         self.path, self.tokenizer, self.max_new_tokens = path, tokenizer, max_new_tokens
-        self.rows = read_jsonl(path, prompt_key, answer_key)
+        lines = read_jsonl_lines(path, prompt_key, answer_key)
+        self.line_numbers = [n for n, _, _ in lines]
+        self.rows = [(q, a) for _, q, a in lines]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -119,6 +139,19 @@ class JsonlTask:
         if not rows:
             raise ValueError(f"{self.path}: no {split!r} rows ({len(self.rows)} rows in all)")
         return [self.example(rows[i]) for i in torch.randint(0, len(rows), (n,), generator=g).tolist()]
+
+    def check_lengths(self, max_positions: int, max_new_tokens: int | None = None) -> int:
+        """Raise ValueError naming the first line whose chat-formatted prompt plus `max_new_tokens` (default: the
+        task's) does not fit `max_positions`, the model's positions; else return the longest prompt's length."""
+        N = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        lengths = [len(self.example(i).prompt) for i in range(len(self.rows))]
+        over = [i for i, p in enumerate(lengths) if p + N - 1 > max_positions]  # the last token is never fed
+        if over:
+            i = over[0]
+            raise ValueError(f"{self.path}:{self.line_numbers[i]}: the prompt is {lengths[i]} tokens; with "
+                             f"{N} new tokens the model would need {lengths[i] + N - 1} positions, it has "
+                             f"{max_positions} ({len(over)} line(s) too long)")
+        return max(lengths)
 
     def reward(self, response: list[int], ex: JsonlExample) -> tuple[float, dict]:
         """response: generated ids, EOS included if produced; special tokens are dropped before matching."""

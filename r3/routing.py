@@ -324,7 +324,10 @@ def decode_sglang_routes(meta_info: dict, cfg, *, seq_len: int, prev_routes: tor
     if not isinstance(meta_info, dict) or meta_info.get("routed_experts") is None:
         raise RoutesError(f"{where} is missing: start the server with --enable-return-routed-experts and send "
                           f"return_routed_experts=True")
-    S = int(meta_info.get("routed_experts_start_len", 0) if start_len is None else start_len)
+    S = meta_info.get("routed_experts_start_len", 0) if start_len is None else start_len
+    if isinstance(S, bool) or not isinstance(S, int):
+        raise RoutesError(f"{where}: routed_experts_start_len={S!r} ({type(S).__name__}) must be an integer "
+                          f"position in [0, prompt tokens]")
     dtype_name = meta_info.get("routed_experts_dtype") or "int32"
     if dtype_name not in _WIRE_DTYPES:
         raise RoutesError(f"{where}: unknown routed_experts_dtype {dtype_name!r}; known: {sorted(_WIRE_DTYPES)}")
@@ -400,5 +403,12 @@ def vllm_sample(prompt_ids: list[int], completion, cfg, *, prompt_routes=None, r
                          n_output=len(out), where="vLLM CompletionOutput.routed_experts")
     logp = None
     if getattr(completion, "logprobs", None):  # one {token_id: Logprob} dict per output token
-        logp = [float(getattr(d[t], "logprob", d[t])) for d, t in zip(completion.logprobs, out)]
+        lps = completion.logprobs
+        if len(lps) != len(out):
+            raise ValueError(f"vLLM CompletionOutput.logprobs: {len(lps)} entries for {len(out)} output tokens")
+        for i, (d, t) in enumerate(zip(lps, out)):
+            if t not in d:
+                raise ValueError(f"vLLM CompletionOutput.logprobs[{i}] has no entry for the sampled token {t} "
+                                 f"(has {sorted(d)[:5]}); request logprobs for the sampled token")
+        logp = [float(getattr(d[t], "logprob", d[t])) for d, t in zip(lps, out)]
     return EngineSample(list(prompt_ids), out, routes, logp, reward, group)

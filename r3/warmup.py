@@ -4,8 +4,9 @@ RL from random init gives all-zero rewards on these tasks, so every arm of an ab
 short supervised warm-up. The checkpoint is cached under a key of everything that determines it (model config,
 task, steps, batch, lr, seed), so arms and seeds that share those share one file, byte for byte. The warm-up always
 runs on one thread: with two, float reduction order differs, the MoE routes a few tokens differently, and the
-weights would depend on the machine. `load_model` is the one entry point for rollout.py and the experiments: a
-preset (warmed up) or a safetensors checkpoint.
+weights would depend on the machine. Cache files are written atomically (temp, fsync, rename); one that cannot be
+read anyway (truncated, corrupt, another model) is reported by path and rebuilt. `load_model` is the one entry point
+for rollout.py and the experiments: a preset (warmed up) or a safetensors checkpoint.
 """
 import dataclasses
 import hashlib
@@ -67,7 +68,12 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
     path = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors")
     model = build_model(cfg, seed)
     if os.path.exists(path):
-        return load_weights(model, path), path
+        try:
+            return load_weights(model, path), path
+        except ValueError as e:  # a cache is only a cache: rebuild it
+            print(f"warm-up cache {path} is unreadable ({e}); rebuilding it")
+            os.remove(path)
+            model = build_model(cfg, seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the result must not depend on the machine: MoE routing amplifies reduction order
     try:
