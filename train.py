@@ -13,11 +13,13 @@ Every flag lives in `r3/config.py`. A real model: `--model PATH` (an HF Qwen3-Mo
 `--task jsonl:FILE`; under `torchrun --nproc_per_node=N` the trainer is sharded with FSDP2 and each rank samples its
 own data shards (`--shards`); rank 0 alone writes files. `--dry-run` prints the per-GPU memory plan and exits.
 """
+import json
 import math
 import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
@@ -26,19 +28,24 @@ from r3.batch import load_rollouts
 from r3.checkpoint import load_checkpoint, save_checkpoint
 from r3.collect import (Rollout, advantages, check_shardable, my_shards, sample_shard, shard_generator_name,
                         shard_rows, shard_seed)
-from r3.config import TrainConfig, parse
+from r3.config import RUN_DEFINING, TrainConfig, parse
 from r3.engine import Engine
+from r3.evaluate import evaluate, heldout_examples
 from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, load_policy, save_hf_checkpoint,
                      setup_distributed, sync_engine)
 from r3.grpo import loss_denominator, policy_loss
 from r3.guard import CollapseGuard
 from r3.hf import load_config, load_tokenizer
-from r3.io import append_jsonl, atomic_write_json, read_jsonl, write_jsonl
+from r3.inspect import dump_samples
+from r3.io import atomic_write_json, read_jsonl
 from r3.jsonl_task import make_jsonl_task
 from r3.memory import format_plan, memory_plan
 from r3.metrics import kl_k3
 from r3.model import PRESETS
+from r3.plots import log_scalars, tensorboard_writer
+from r3.provenance import stamp
 from r3.remote import make_engine
+from r3.runfolder import RunFolder, RunFolderError, append_metrics, check_resume, check_steps, truncate_metrics
 from r3.score import OldPolicy, old_policy_pass, token_logp
 from r3.tasks import EOS, PAD, make_task
 from r3.warmup import warmed_up_model
@@ -57,6 +64,7 @@ def main(argv=None):
         rollouts = collect(run, step)
         olds = [old_policy_pass(run.model, r.batch, replay=cfg.replay, temperature=cfg.temperature, chunk=run.chunk)
                 for r in rollouts]
+        dump(run, rollouts, step)
         mini_steps = update(run, rollouts, olds, step)
         sync_engine(run.model, run.engine, run.plain)
         m = step_metrics(run, rollouts, olds, mini_steps, step)
@@ -90,8 +98,12 @@ class Run:
     world: int
     device: torch.device
     lead: bool                      # rank 0: prints and writes files
-    val_examples: list
+    val_examples: list              # val/kl prompts
+    heldout: list                   # eval/accuracy prompts: the task's held-out split, never drawn for training
     save_dtype: torch.dtype | None
+    folder: RunFolder | None        # rank 0: OUT, locked for the life of the process
+    tb: object | None = None        # --tensorboard writer
+    t0: float = 0.0
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -104,7 +116,7 @@ def collect(run: Run, step: int) -> list[Rollout]:
     if run.disk is not None:  # rewards come with the rollouts
         batch = run.disk[step % len(run.disk)]
         return [advantages(shard_rows(batch, s, run.num_shards), None, loss=cfg.loss) for s in run.mine]
-    examples = run.task.sample(cfg.prompts_per_step, run.gens["data"])  # every rank draws the same prompts
+    examples = run.task.sample(cfg.prompts_per_step, run.gens["data"], split="train")  # the same on every rank
     return [advantages(*sample_shard(run.engine, run.task, examples, shard=s, num_shards=run.num_shards,
                                      generator=run.gens[shard_generator_name(s)], group_size=cfg.group_size,
                                      temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=run.max_new,
@@ -151,6 +163,13 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
     return loss_value, grad_norm, dict(global_mean(parts), **{"grpo/loss": loss_value})
 
 
+def dump(run: Run, rollouts: list[Rollout], step: int) -> None:
+    """Every --dump-every steps, a few rows scored by the weights that sampled them (before the update): what
+    `python -m r3.inspect OUT` shows. One process only (the scoring forward is not sharded)."""
+    if run.cfg.dump_every and step % run.cfg.dump_every == 0 and run.world == 1:
+        dump_samples(run.path(f"samples/step{step}"), rollouts[0].batch, run.model, temperature=run.cfg.temperature)
+
+
 def step_metrics(run: Run, rollouts: list[Rollout], olds: list[OldPolicy], mini_steps: list, step: int) -> dict:
     """The step's numbers, reduced over shards and ranks: token metrics weigh by tokens, row metrics by rows."""
     eos = torch.tensor(run.eos_ids)
@@ -179,10 +198,16 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
     cfg = run.cfg
     if cfg.val_every and (step + 1) % cfg.val_every == 0:
         m["val/kl"] = validate(run, step)
+    if run.heldout and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps) and run.lead:
+        m.update(evaluate(run.engine, run.task, run.heldout, max_new_tokens=run.max_new, eos_ids=run.eos_ids,
+                          pad_id=run.pad_id, samples=cfg.eval_samples, temperature=cfg.temperature, top_p=cfg.top_p,
+                          generator=torch.Generator(device=run.device).manual_seed(cfg.seed)))
     m["symptoms"] = run.guard.check(m)
     m["step_time"] = time.perf_counter() - t0
     if run.lead:
-        append_jsonl(run.path("metrics.jsonl"), m)
+        append_metrics(run.path("metrics.jsonl"), m)
+        if run.tb is not None:
+            log_scalars(run.tb, m)
         bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.1e}")
         if not cfg.quiet:
             tqdm.write(log_line(m))
@@ -201,9 +226,11 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
 def log_line(m: dict) -> str:
     flips = "-" if m["router_flip_rate"] is None else f"{m['router_flip_rate']:.2%}"
     exact = "-" if m["exact"] is None else f"{m['exact']:.2f}"
+    held = f" | held-out acc {m['eval/accuracy']:.3f} (greedy {m['eval/accuracy_greedy']:.3f})" \
+        if m.get("eval/accuracy") is not None else ""
     return (f"step {m['step']:4d} | reward {m['reward']:.3f} | exact {exact} | kl {m['kl']:.2e} | "
             f"F(2) {m['extreme_frac']:.2%} | flips {flips} | gn {m['grad_norm']:.2f} | "
-            f"len {m['response_length']:.1f} | ent {m['entropy']:.3f} | {m['step_time']:.2f}s")
+            f"len {m['response_length']:.1f} | ent {m['entropy']:.3f} | {m['step_time']:.2f}s{held}")
 
 
 @torch.no_grad()
@@ -235,6 +262,45 @@ def save(run: Run, step_done: int, name: str | None = None) -> None:
 # --------------------------------------------------------------------------------------------------------- set-up
 def setup(cfg: TrainConfig) -> tuple[Run, int]:
     """Load the model, engine, task and optimizer; open (or resume) the run folder. Returns (run, first step)."""
+    t0 = time.time()
+    out = check_launch(cfg)
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    rank, world, device = setup_distributed() if cfg.model else (0, 1, torch.device("cpu"))
+    folder = open_folder(cfg, out) if rank == 0 else None
+    p = load_policy_and_task(cfg, world, device)
+    num_shards = cfg.num_shards(world)
+    if cfg.prompts_per_step % num_shards:
+        sys.exit(f"error: --prompts-per-step {cfg.prompts_per_step} does not split into {num_shards} equal shards")
+    mine = my_shards(num_shards, rank, world)
+    gens = dict(data=torch.Generator().manual_seed(cfg.seed))  # the same on every rank: it draws every prompt
+    for s in mine:
+        gens[shard_generator_name(s)] = torch.Generator(device=device).manual_seed(shard_seed(cfg.seed, s))
+    run = Run(cfg=cfg, out=out, model=p.model, engine=p.engine, plain=p.plain, task=p.task, eos_ids=p.eos_ids,
+              pad_id=p.pad_id, opt=torch.optim.AdamW(p.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99),
+                                                     weight_decay=0.0),
+              gens=gens, guard=CollapseGuard(reward_drop=cfg.guard_reward_drop, kl_max=cfg.guard_kl_max),
+              disk=read_disk_rollouts(cfg, p.model.cfg, num_shards, rank == 0), chunk=cfg.chunk_for(p.model.cfg.vocab_size),
+              max_new=cfg.max_new_tokens or p.task.max_new_tokens, num_shards=num_shards, mine=mine, world=world,
+              device=device, lead=rank == 0,
+              val_examples=p.task.sample(cfg.val_prompts, torch.Generator().manual_seed(10_000 + cfg.seed)),
+              heldout=p.heldout, save_dtype=load_config(cfg.model)[1] if cfg.model else None, folder=folder, t0=t0,
+              tb=tensorboard_writer(os.path.join(out, "tb")) if cfg.tensorboard and rank == 0 else None)
+    start = resume(run) if cfg.resume else 0
+    if cfg.engine != "local":  # the server starts from whatever it loaded: give it the trainer's weights
+        run.engine.sync(run.model)
+    if run.lead:
+        stamp(out)  # provenance: code, torch, machine, command line (rewritten with the wall time at the end)
+        if start == 0:
+            open(run.path("metrics.jsonl"), "w").close()
+            atomic_write_json(run.path("args.json"), asdict(cfg))
+            atomic_write_json(run.path("run.json"), dict(model=asdict(p.model.cfg), world_size=world,
+                                                         warmup_checkpoint=p.warm_path))
+    return run, start
+
+
+def check_launch(cfg: TrainConfig) -> str:
+    """Refusals that need no model (every rank decides the same); returns the run folder."""
     if "RANK" in os.environ and not cfg.model:
         sys.exit("error: under torchrun, pass --model PATH (FSDP runs start from an HF checkpoint; the toy presets "
                  "run in one process)")
@@ -244,44 +310,38 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     out = cfg.out_dir()
     if os.path.exists(os.path.join(out, "metrics.jsonl")) and not (cfg.resume or cfg.overwrite):
         sys.exit(f"error: {out} already holds a run; pass --resume to continue it or --overwrite to replace it")
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
-    rank, world, device = setup_distributed() if cfg.model else (0, 1, torch.device("cpu"))
-    if rank == 0:
-        os.makedirs(out, exist_ok=True)
-    model, engine, plain, task, eos_ids, pad_id, warm_path = load_policy_and_task(cfg, world, device)
-    chunk = cfg.chunk_for(model.cfg.vocab_size)
-    num_shards = cfg.num_shards(world)
-    if cfg.prompts_per_step % num_shards:
-        sys.exit(f"error: --prompts-per-step {cfg.prompts_per_step} does not split into {num_shards} equal shards")
-    mine = my_shards(num_shards, rank, world)
-    gens = dict(data=torch.Generator().manual_seed(cfg.seed))  # the same on every rank: it draws every prompt
-    for s in mine:
-        gens[shard_generator_name(s)] = torch.Generator(device=device).manual_seed(shard_seed(cfg.seed, s))
-    run = Run(cfg=cfg, out=out, model=model, engine=engine, plain=plain, task=task, eos_ids=eos_ids, pad_id=pad_id,
-              opt=torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0),
-              gens=gens, guard=CollapseGuard(reward_drop=cfg.guard_reward_drop, kl_max=cfg.guard_kl_max),
-              disk=read_disk_rollouts(cfg, model.cfg, num_shards, rank == 0), chunk=chunk,
-              max_new=cfg.max_new_tokens or task.max_new_tokens, num_shards=num_shards, mine=mine, world=world,
-              device=device, lead=rank == 0,
-              val_examples=task.sample(cfg.val_prompts, torch.Generator().manual_seed(10_000 + cfg.seed)),
-              save_dtype=load_config(cfg.model)[1] if cfg.model else None)
-    start = resume(run) if cfg.resume else 0
-    if cfg.engine != "local":  # the server starts from whatever it loaded: give it the trainer's weights
-        run.engine.sync(run.model)
-    if start == 0 and run.lead:
-        open(run.path("metrics.jsonl"), "w").close()
-        atomic_write_json(run.path("args.json"), asdict(cfg))
-        atomic_write_json(run.path("run.json"), dict(model=asdict(model.cfg), world_size=world,
-                                                     warmup_checkpoint=warm_path))
-    return run, start
+    return out
 
 
-def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device):
-    """(trainer, engine, plain copy or None, task, eos ids, pad id, warm-up checkpoint path or None)."""
+def open_folder(cfg: TrainConfig, out: str) -> RunFolder:
+    """Lock OUT for this process; --overwrite removes everything the old run wrote before anything new is written."""
+    try:
+        folder = RunFolder(out)
+    except RunFolderError as e:
+        sys.exit(f"error: {e}")
+    if cfg.overwrite and folder.has_run():
+        folder.clear()
+    return folder
+
+
+class Policy(NamedTuple):
+    model: torch.nn.Module
+    engine: object
+    plain: torch.nn.Module | None
+    task: object
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    heldout: list
+    warm_path: str | None
+
+
+def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device) -> Policy:
+    """The trainer, its engine and the task; prompt lengths are checked against the model before any work."""
     if cfg.model:
         tok = load_tokenizer(cfg.model)
         task = make_jsonl_task(cfg.task, tok, max_new_tokens=cfg.max_new_tokens or 1024)
+        eval_task = make_jsonl_task(cfg.eval_task, tok, max_new_tokens=task.max_new_tokens) if cfg.eval_task else None
+        check_fits([task, eval_task], load_config(cfg.model)[0], cfg.max_new_tokens)
         # collective under torchrun (broadcast load), so no rank writes below before every rank checked `out`
         model, plain = load_policy(cfg.model, world=world, device=device, fsdp_param_dtype=cfg.fsdp_param_dtype,
                                    activation_checkpointing=cfg.activation_checkpointing,
@@ -290,11 +350,29 @@ def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device):
         if tok.tok.get_vocab_size() > V or max(*tok.eos_ids, tok.pad_id) >= V:
             sys.exit(f"error: the tokenizer of {cfg.model} ({tok.tok.get_vocab_size()} tokens, EOS {tok.eos_ids}, "
                      f"pad {tok.pad_id}) does not fit the model's vocab_size {V}")
-        return model, make_rollout_engine(cfg, plain or model), plain, task, tok.eos_ids, tok.pad_id, None
+        heldout = []
+        if cfg.eval_every:
+            try:
+                heldout = heldout_examples(task, cfg.eval_prompts, eval_task=eval_task)
+            except ValueError as e:  # a small file whose hash split left no row for evaluation
+                print(f"warning: no held-out evaluation ({e}); pass --eval-task jsonl:FILE")
+        return Policy(model, make_rollout_engine(cfg, plain or model), plain, task, tok.eos_ids, tok.pad_id, heldout,
+                      None)
     task = make_task(cfg.task)
     model_cfg = PRESETS[cfg.preset].dense_twin() if cfg.dense else PRESETS[cfg.preset]
+    check_fits([task], model_cfg, cfg.max_new_tokens)  # before the warm-up caches weights for it
     model, warm_path = warmed_up_model(model_cfg, task, cfg.task, steps=cfg.warmup_steps, seed=cfg.model_seed)
-    return model, make_rollout_engine(cfg, model), None, task, (EOS,), PAD, warm_path
+    heldout = heldout_examples(task, cfg.eval_prompts) if cfg.eval_every else []
+    return Policy(model, make_rollout_engine(cfg, model), None, task, (EOS,), PAD, heldout, warm_path)
+
+
+def check_fits(tasks: list, model_cfg, max_new_tokens: int | None) -> None:
+    for task in tasks:
+        if task is not None:
+            try:
+                task.check_lengths(model_cfg.max_position_embeddings, max_new_tokens)
+            except ValueError as e:
+                sys.exit(f"error: {e}")
 
 
 def make_rollout_engine(cfg: TrainConfig, model):
@@ -326,15 +404,29 @@ def read_disk_rollouts(cfg: TrainConfig, model_cfg, num_shards: int, lead: bool)
 
 
 def resume(run: Run) -> int:
-    """Restore OUT/ckpt.pt if there is one; drop metrics lines logged after it (they are recomputed identically)."""
+    """Restore OUT/ckpt.pt if there is one, after checking the run-defining flags match the saved run (or are
+    allowed to change); drop metrics lines logged after the checkpoint (they are recomputed identically)."""
     ckpt = run.path("ckpt.pt")
     if not os.path.exists(ckpt):
         print(f"no checkpoint in {run.out}; starting from scratch")
         return 0
-    start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
-                                   engine=run.engine if run.cfg.engine == "local" else None)
+    try:
+        saved = json.load(open(run.path("args.json")))
+        changes = check_resume(saved, asdict(run.cfg), RUN_DEFINING, allow=set(run.cfg.allowed_changes()))
+        start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
+                                       engine=run.engine if run.cfg.engine == "local" else None)
+        kept = check_steps(truncate_metrics(run.path("metrics.jsonl"), start))
+    except (OSError, ValueError, RuntimeError) as e:
+        sys.exit(f"error: cannot resume {run.out}: {e}")
+    if kept != start:
+        sys.exit(f"error: cannot resume {run.out}: metrics.jsonl holds steps 0..{kept - 1} but ckpt.pt is at step "
+                 f"{start}; those lines are lost, so the run would not be whole")
     run.guard.load_state_dict(extra["guard"])
-    write_jsonl(run.path("metrics.jsonl"), [r for r in read_jsonl(run.path("metrics.jsonl")) if r["step"] < start])
+    if changes:
+        run.folder.record_resume(start, changes)
+        atomic_write_json(run.path("args.json"), asdict(run.cfg))
+        print(f"resuming with changed {', '.join(f'{k}: {a} -> {b}' for k, (a, b) in changes.items())} "
+              f"(recorded in resumes.jsonl)")
     print(f"resumed {run.out} at step {start}")
     return start
 
@@ -347,6 +439,9 @@ def finish(run: Run, stopped_on: list[str] | None) -> None:
             from r3.plots import plot_run
             plot_run(read_jsonl(run.path("metrics.jsonl")), run.path("metrics.png"), title=run.out)
             print(f"wrote {run.path('metrics.png')}")
+        stamp(run.out, t0=run.t0)
+        if run.tb is not None:
+            run.tb.close()
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()

@@ -91,6 +91,17 @@ class TrainConfig(SamplingConfig):
     is_correction: str = flag("none", "rollout-vs-train importance correction (tis truncates at C; icepop/mis "
                                       "mask outside [1/C, C])", choices=["none", "tis", "icepop", "mis"])
     is_cap: float = flag(2.0, "C for --is-correction", domain=AT_LEAST_1)
+    eval_every: int = flag(50, "every N steps, and at the end, held-out accuracy (greedy and sampled) and reward on "
+                               "--eval-prompts prompts training never draws (0 = never)", domain=INT_GE0)
+    eval_prompts: int = flag(256, "held-out prompts (the same set for every seed and arm)", domain=INT_GE1)
+    eval_samples: int = flag(4, "sampled responses per held-out prompt (plus one greedy)", domain=INT_GE0)
+    eval_task: str | None = flag(None, "jsonl:FILE of held-out prompts (default: the task's own held-out split)")
+    dump_every: int = flag(50, "every N steps write a sample dump, OUT/samples/stepN (a few rows with per-token "
+                               "engine vs trainer log-probs and flipped layers; read it with python -m r3.inspect "
+                               "OUT; one process only; 0 = never)", domain=INT_GE0)
+    tensorboard: bool = flag(False, "also write the metrics as TensorBoard scalars to OUT/tb (needs tensorboard)")
+    allow_change: str | None = flag(None, "--resume: comma-separated run-defining fields allowed to differ from the "
+                                          "saved run (e.g. lr,grad_clip); the change is recorded in OUT/resumes.jsonl")
     val_every: int = flag(25, "every N steps log val/kl: normal vs replayed train forward on held-out rollouts "
                               "(0 = never)", domain=INT_GE0)
     val_prompts: int = flag(32, "held-out prompts for val/kl", domain=INT_GE1)
@@ -132,6 +143,12 @@ class TrainConfig(SamplingConfig):
     def validate(self) -> None:
         super().validate()
         jsonl = self.task.startswith("jsonl:")
+        bad = sorted(set(self.allowed_changes()) - set(RUN_DEFINING))
+        if bad:
+            raise ValueError(f"--allow-change {','.join(bad)}: not run-defining fields; choose from "
+                             f"{', '.join(RUN_DEFINING)}")
+        if self.eval_task and not (self.eval_task.startswith("jsonl:") and jsonl):
+            raise ValueError("--eval-task takes jsonl:FILE, with a jsonl --task (the toy tasks hold out their own)")
         if self.group_size < 2:
             raise ValueError("--group-size must be >= 2: GRPO advantages need a group")
         if self.dense and self.replay != "none":
@@ -148,6 +165,9 @@ class TrainConfig(SamplingConfig):
         if jsonl and not self.model and not self.dry_run:
             raise ValueError(f"--task {self.task} needs --model PATH (a checkpoint with tokenizer.json): the toy "
                              f"presets have no tokenizer for its text prompts")
+
+    def allowed_changes(self) -> list[str]:
+        return [k.strip().replace("-", "_") for k in (self.allow_change or "").split(",") if k.strip()]
 
     @property
     def mode(self) -> str:
@@ -168,6 +188,13 @@ class TrainConfig(SamplingConfig):
 
     def num_shards(self, world: int) -> int:
         return self.shards or world
+
+
+# The fields that define a run: a --resume that changes one is refused unless --allow-change names it.
+RUN_DEFINING = ("preset", "model", "dense", "task", "warmup_steps", "seed", "init_seed", "prompts_per_step",
+                "group_size", "rollout_dtype", "temperature", "top_p", "max_new_tokens", "replay", "lr", "lr_warmup",
+                "grad_clip", "mini_steps", "loss", "clip_low", "clip_high", "is_correction", "is_cap", "engine",
+                "rollouts", "shards", "logprob_chunk", "guard_reward_drop", "guard_kl_max", "on_collapse")
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,11 @@ def evaluate(engine_or_model, task, examples: list, *, max_new_tokens: int, eos_
     """
     if not examples:
         raise ValueError("evaluate needs at least one example")
-    engine = engine_or_model if isinstance(engine_or_model, Engine) else Engine(engine_or_model, "fp32")
-    if generator is None:
-        generator = torch.Generator(device=next(engine.model.parameters()).device).manual_seed(0)
+    engine = engine_or_model if hasattr(engine_or_model, "generate") else Engine(engine_or_model, "fp32")
+    if generator is None:  # a server engine (r3.remote) has no local weights: its seeds are drawn on the CPU
+        model = getattr(engine, "model", None)
+        generator = torch.Generator(device=next(model.parameters()).device if model is not None else "cpu")
+        generator.manual_seed(0)
     per = prompts_per_batch or len(examples)
     sums = dict(exact_g=0.0, reward_g=0.0, exact=0.0, reward=0.0, length=0.0, rows=0)
     gen = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, generator=generator)

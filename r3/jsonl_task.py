@@ -145,11 +145,11 @@ class JsonlTask:
         task's) does not fit `max_positions`, the model's positions; else return the longest prompt's length."""
         N = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         lengths = [len(self.example(i).prompt) for i in range(len(self.rows))]
-        over = [i for i, p in enumerate(lengths) if p + N - 1 > max_positions]  # the last token is never fed
+        over = [i for i, p in enumerate(lengths) if p + N > max_positions]  # the engine's rule (Engine.generate)
         if over:
             i = over[0]
             raise ValueError(f"{self.path}:{self.line_numbers[i]}: the prompt is {lengths[i]} tokens; with "
-                             f"{N} new tokens the model would need {lengths[i] + N - 1} positions, it has "
+                             f"{N} new tokens the model would need {lengths[i] + N} positions, it has "
                              f"{max_positions} ({len(over)} line(s) too long)")
         return max(lengths)
 

@@ -196,8 +196,8 @@ class RemoteEngine:
         accepted for the in-process engine's signature, but no full-vocabulary log-probs come back (kl_full is None)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs at least one prompt and no empty prompt")
-        if temperature <= 0:
-            raise ValueError("temperature must be > 0: greedy decoding has no log-probs to compare")
+        if not temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy, as SGLang and vLLM do it), got {temperature}")
         P, G = len(prompts), group_size
         seeds = torch.randint(0, 2 ** 31 - 1, (P * G,), generator=generator).tolist()
         sp = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,

@@ -88,8 +88,8 @@ class SGLangStandIn:
     def _one(self, prompt: list[int], s: dict, j: int, start: int, body: dict):
         temperature, top_p = float(s.get("temperature", 1.0)), float(s.get("top_p", 1.0))
         max_new, stop = int(s.get("max_new_tokens", 128)), tuple(int(t) for t in s.get("stop_token_ids") or ())
-        if temperature <= 0 or not 0 < top_p <= 1 or max_new < 1:
-            raise BadRequest(f"need temperature > 0 (no greedy here), top_p in (0, 1], max_new_tokens >= 1; got "
+        if not temperature >= 0 or not 0 < top_p <= 1 or max_new < 1:
+            raise BadRequest(f"need temperature >= 0 (0 = greedy), top_p in (0, 1], max_new_tokens >= 1; got "
                              f"{temperature}, {top_p}, {max_new}")
         P = len(prompt)
         if not 0 <= start <= P:

@@ -63,6 +63,16 @@ class Task:
     def split_of(self, ex: Example) -> str:
         return prompt_split(ex.prompt)
 
+    def check_lengths(self, max_positions: int, max_new_tokens: int | None = None) -> int:
+        """Raise ValueError unless the longest prompt plus `max_new_tokens` (default: the task's) fits the model's
+        positions, as `Engine.generate` needs; else return the longest prompt's length."""
+        N = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if self.max_prompt_len + N > max_positions:
+            raise ValueError(f"task {self.name}:{self.min_len}-{self.max_len}: prompts up to {self.max_prompt_len} "
+                             f"tokens plus {N} new tokens need {self.max_prompt_len + N} positions; the model has "
+                             f"{max_positions}")
+        return self.max_prompt_len
+
     def sample(self, n: int, g: torch.Generator, split: str | None = None) -> list[Example]:
         """n examples; with a split, prompts of the other split are redrawn (error if none turns up in 10^5 draws)."""
         check_split(split)
@@ -89,6 +99,7 @@ class Task:
 class Sort(Task):
     name = "sort"
     max_answer_len = property(lambda self: self.max_len)
+    max_prompt_len = property(lambda self: self.max_len + 2)
 
     def example(self, g):
         d = self._digits(g)
@@ -98,6 +109,7 @@ class Sort(Task):
 class Reverse(Task):
     name = "reverse"
     max_answer_len = property(lambda self: self.max_len)
+    max_prompt_len = property(lambda self: self.max_len + 2)
 
     def example(self, g):
         d = self._digits(g)
@@ -107,6 +119,7 @@ class Reverse(Task):
 class Add(Task):
     name = "add"
     max_answer_len = property(lambda self: self.max_len + 1)
+    max_prompt_len = property(lambda self: 2 * self.max_len + 2)
 
     def example(self, g):
         a, b = self._digits(g), self._digits(g)
