@@ -296,7 +296,7 @@ def main():
         json.dump(res, f, indent=1)
     md_path = os.path.splitext(args.out)[0] + ".md"
     with open(md_path, "w") as f:
-        f.write(f"`python experiments/speed.py {' '.join(sys.argv[1:])}`: {res['device']}, torch {torch.__version__}, "
+        f.write(f"`{' '.join(['python experiments/speed.py'] + sys.argv[1:])}`: {res['device']}, torch {torch.__version__}, "
                 f"{res['clock']}, {args.threads} thread(s), medians of {args.reps} interleaved reps, "
                 f"wall time {res['wall_s']:.0f} s\n\n" + md)
     print(f"wrote {args.out} and {md_path}")
