@@ -6,7 +6,8 @@ Parameter names are HF's (`model.layers.3.self_attn.q_proj.weight`, `model.layer
 that the experts of a layer are stacked into three [E, ., .] tensors.
 
 State is carried through `forward` as explicit arguments, never hidden in modules:
-  valid_BT     which positions hold real tokens (False = padding; padded keys are invisible to attention)
+  valid_BT     which positions hold real tokens (False = padding; padded keys are invisible to attention);
+               None = no padding (an uncached forward then attends causally without a mask)
   routes_BTLK  expert ids to replay (R3 / R2); None = the router's own top-k
   kv_cache     a `KVCache` to append to (the rollout engine's decode path)
 Every forward returns (logits or hidden, routes_BTLK): the expert ids it used, [B, T, L, K], or None when dense.
@@ -19,7 +20,6 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from einops import rearrange
 
 from r3.moe import MLP, MoE, RoutesError, check_routes
 from r3.routing import routes_dtype
@@ -145,7 +145,16 @@ class KVCache:
                           None if self.routes is None else F.pad(self.routes, (0, 0, 0, 0, 0, extra)))
 
 
+def split_heads(x_BTF: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[B, T, H·hd] -> [B, H, T, hd] (a view)."""
+    B, T, _ = x_BTF.shape
+    return x_BTF.view(B, T, -1, head_dim).transpose(1, 2)
+
+
 class Attention(nn.Module):
+    """GQA without copying K/V: SDPA's `enable_gqa` when several positions are new (training, prefill); for one
+    new position (decode) the H / Hkv query heads that share a KV head become that head's query rows."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -157,24 +166,48 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
-    def forward(self, x_BTD, cos, sin, mask_B1TS, kv_cache: KVCache | None, layer: int):
+    def forward(self, x_BTD, cos, sin, mask, kv_cache: KVCache | None, layer: int):
+        """`mask`: bool [B, 1, T, S] (True = may attend), [B, 1, 1, S] for one new position, or None = causal."""
         cfg = self.cfg
-        q = self.q_norm(rearrange(self.q_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
-        k = self.k_norm(rearrange(self.k_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
-        v = rearrange(self.v_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim)
+        B, T, _ = x_BTD.shape
+        q = self.q_norm(split_heads(self.q_proj(x_BTD), cfg.head_dim))
+        k = self.k_norm(split_heads(self.k_proj(x_BTD), cfg.head_dim))
+        v = split_heads(self.v_proj(x_BTD), cfg.head_dim)
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if kv_cache is not None:
-            start, T = kv_cache.length, x_BTD.shape[1]
+            start = kv_cache.length
             assert start + T <= kv_cache.max_len, f"KV cache full: {start} + {T} > {kv_cache.max_len}"
             kv_cache.k[layer, :, :, start:start + T] = k
             kv_cache.v[layer, :, :, start:start + T] = v
-            k, v = kv_cache.k[layer, :, :, :start + T], kv_cache.v[layer, :, :, :start + T]
-        rep = cfg.num_attention_heads // cfg.num_key_value_heads
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_B1TS)
-        return self.o_proj(rearrange(out, "b h t d -> b t (h d)"))
+            k, v = kv_cache.k[layer, :, :, :start + T], kv_cache.v[layer, :, :, :start + T]  # views, no copy
+        Hkv = cfg.num_key_value_heads
+        if T == 1:  # decode: [B, H, 1, hd] -> [B, Hkv, H / Hkv, hd], one key-padding mask row for all of them
+            out = F.scaled_dot_product_attention(q.reshape(B, Hkv, -1, cfg.head_dim), k, v, attn_mask=mask)
+            out = out.reshape(B, cfg.num_attention_heads, 1, cfg.head_dim)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+def attention_mask(valid_BT: torch.Tensor | None, kv_cache: KVCache | None, B: int, T: int, device):
+    """Which keys each new position may attend to: causal, padded keys hidden, each position sees itself.
+
+    None when nothing is padded and nothing is cached (SDPA's `is_causal`); [B, 1, 1, S] for one new position
+    (causality is then implied: a key-padding mask); [B, 1, T, S] otherwise. S = cached + new positions.
+    """
+    start = 0 if kv_cache is None else kv_cache.length
+    if valid_BT is None and start == 0:
+        return None
+    if valid_BT is None:
+        valid_BT = torch.ones(B, T, dtype=torch.bool, device=device)
+    if T == 1 and kv_cache is not None:
+        return torch.cat([kv_cache.valid[:, :start], torch.ones_like(valid_BT)], 1)[:, None, None]
+    key_valid = valid_BT if kv_cache is None else torch.cat([kv_cache.valid[:, :start], valid_BT], 1)
+    q_slot = torch.arange(start, start + T, device=device)[:, None]
+    k_slot = torch.arange(start + T, device=device)[None, :]
+    return ((k_slot <= q_slot) & (key_valid[:, None, :] | (k_slot == q_slot)))[:, None]
 
 
 class Block(nn.Module):
@@ -222,6 +255,7 @@ class Transformer(nn.Module):
         cfg = self.cfg
         B, T = ids_BT.shape
         dev = ids_BT.device
+        mask = attention_mask(valid_BT, kv_cache, B, T, dev)  # before valid_BT=None becomes all True
         if valid_BT is None:
             valid_BT = torch.ones(B, T, dtype=torch.bool, device=dev)
         if routes_BTLK is not None:
@@ -229,16 +263,10 @@ class Transformer(nn.Module):
                 raise RoutesError("the dense twin has no router: routes cannot be replayed into it")
             check_routes(routes_BTLK, batch=B, seq=T, num_layers=cfg.num_hidden_layers,
                          top_k=cfg.num_experts_per_tok, num_experts=cfg.num_experts)
-        start = 0 if kv_cache is None else kv_cache.length
         n_prev = torch.zeros(B, dtype=torch.long, device=dev) if kv_cache is None else kv_cache.n_valid()
         pos_BT = (n_prev[:, None] + valid_BT.long().cumsum(1) - 1).clamp(min=0)
         x = self.model.embed_tokens(ids_BT)
         cos, sin = rope_cos_sin(pos_BT, cfg.head_dim, cfg.rope_theta, x.dtype)
-        key_valid = valid_BT if kv_cache is None else torch.cat([kv_cache.valid[:, :start], valid_BT], 1)
-        q_slot = torch.arange(start, start + T, device=dev)[:, None]
-        k_slot = torch.arange(start + T, device=dev)[None, :]
-        mask = (k_slot <= q_slot) & (key_valid[:, None, :] | (k_slot == q_slot))
-        mask = mask[:, None]  # [B, 1, T, S]: causal, padded keys hidden (each position always sees itself)
         used = []
         for i, layer in enumerate(self.model.layers):
             replay = None if routes_BTLK is None else routes_BTLK[:, :, i]

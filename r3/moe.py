@@ -10,12 +10,17 @@ We never gather from probabilities that a training-side top-k already zeroed: th
 every replayed expert the trainer would not have picked itself.
 
 Experts are stacked ([E, I, D] tensors) so a whole layer is three parameters. Two expert paths:
-`experts_dense_reference` runs every expert on every token (obviously correct, slow); `Experts.forward` sorts
-tokens by expert and runs one matmul per expert on a contiguous slice (the path everything uses).
+`experts_dense_reference` runs every expert on every token (obviously correct, slow, for tests); `Experts.forward`
+sorts the (token, expert) pairs by expert and runs one grouped GEMM per projection (`F.grouped_mm`, torch ≥ 2.10,
+CPU and GPU, with autograd): no host sync, no Python loop over experts, a backward that writes each [E, ., .]
+gradient once (linear in E), and `torch.compile(fullgraph=True)` traces it in bf16 (torch's tracing rule for
+grouped_mm takes bf16 only). Where grouped_mm cannot run (an older torch, fp64, row strides that are not a
+multiple of 16 bytes, fp32 under torch.compile) a per-expert loop does the same with one host sync.
 The HF checkpoint loader stacks HF's per-expert weights into this layout.
 
 Shape suffixes:
   N tokens (B·T flattened)   D hidden   E experts   K experts per token   I expert hidden
+  P (token, expert) pairs, N·K, sorted by expert   O a projection's output size
   B batch   T positions   L MoE layers
 """
 import torch
@@ -71,21 +76,49 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
 
     def forward(self, x_ND: torch.Tensor, ids_NK: torch.Tensor, gates_NK: torch.Tensor) -> torch.Tensor:
-        """y_n = Σ_k gates[n, k] · Expert_{ids[n, k]}(x_n), by sorting the N·K (token, expert) pairs by expert."""
+        """y_n = Σ_k gates[n, k] · Expert_{ids[n, k]}(x_n), on the N·K (token, expert) pairs sorted by expert.
+
+        The sort, the per-expert offsets and the grouped matmuls stay on the device (no host sync). The K outputs
+        of a token are put back in top-k order and summed (deterministic, unlike a scatter-add on a GPU).
+        """
         N, K = ids_NK.shape
-        flat_ids = ids_NK.reshape(-1)
-        order = flat_ids.argsort(stable=True)
-        token_of_pair = order // K
-        counts = torch.bincount(flat_ids, minlength=self.gate_proj.shape[0]).tolist()
-        x_sorted = x_ND[token_of_pair]
-        outs = []
-        for e, x_e in enumerate(x_sorted.split(counts)):
-            if x_e.shape[0] == 0:
-                continue
-            h = F.silu(x_e @ self.gate_proj[e].T) * (x_e @ self.up_proj[e].T)
-            outs.append(h @ self.down_proj[e].T)
-        y_sorted = torch.cat(outs) * gates_NK.reshape(-1)[order, None]
-        return torch.zeros_like(x_ND).index_add_(0, token_of_pair, y_sorted)
+        E = self.gate_proj.shape[0]
+        sorted_ids, order = ids_NK.reshape(-1).sort(stable=True)  # sorted pair p is flat pair order[p]
+        experts_E = torch.arange(E, device=ids_NK.device, dtype=sorted_ids.dtype)
+        offs_E = torch.searchsorted(sorted_ids, experts_E, right=True, out_int32=True)  # end of each expert's rows
+        x_PD = x_ND[order // K]
+        mm = _grouped_mm if _grouped_mm_ok(x_PD, self.gate_proj) else _looped_mm
+        h_PI = F.silu(mm(x_PD, self.gate_proj, offs_E)) * mm(x_PD, self.up_proj, offs_E)
+        y_PD = mm(h_PI, self.down_proj, offs_E) * gates_NK.reshape(-1)[order, None]
+        y_NKD = torch.zeros_like(y_PD).index_copy(0, order, y_PD).view(N, K, y_PD.shape[1])  # (token, k) order
+        return y_NKD.sum(1)
+
+
+def _grouped_mm(x_PD: torch.Tensor, w_EOD: torch.Tensor, offs_E: torch.Tensor) -> torch.Tensor:
+    """Rows of x in expert-sorted slices (ending at offs_E) times each expert's w.T: one grouped GEMM."""
+    return F.grouped_mm(x_PD, w_EOD.mT, offs=offs_E)
+
+
+def _looped_mm(x_PD: torch.Tensor, w_EOD: torch.Tensor, offs_E: torch.Tensor) -> torch.Tensor:
+    """The same, one matmul per expert; for a torch without grouped_mm or shapes it refuses. One host sync.
+
+    `unbind` (not `w[e]`) keeps the backward linear in E: one [E, O, D] gradient, not E of them.
+    """
+    counts = torch.diff(offs_E, prepend=offs_E.new_zeros(1)).tolist()
+    outs = [x_e @ w_OD.T for x_e, w_OD in zip(x_PD.split(counts), w_EOD.unbind(0))]
+    return torch.cat(outs)
+
+
+_GROUPED_MM = hasattr(F, "grouped_mm")  # torch ≥ 2.10; earlier versions take the loop
+
+
+def _grouped_mm_ok(x_PD: torch.Tensor, w_EOD: torch.Tensor) -> bool:
+    """grouped_mm runs fp32 / bf16 / fp16 with row strides that are multiples of 16 bytes; traced, bf16 only."""
+    if not _GROUPED_MM or x_PD.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if torch.compiler.is_compiling() and x_PD.dtype != torch.bfloat16:
+        return False
+    return all(n * x_PD.element_size() % 16 == 0 for n in w_EOD.shape[1:])
 
 
 def experts_dense_reference(experts: Experts, x_ND: torch.Tensor, ids_NK: torch.Tensor,

@@ -1,0 +1,306 @@
+"""Speed: ours vs transformers' `Qwen3MoeForCausalLM` (its default grouped_mm experts) on identical weights.
+
+Four measurements, each arm interleaved with the others within every repetition (machine load hits all alike),
+medians over repetitions; on CPU the clock is this process's CPU time with torch on one thread (robust to other
+jobs on the machine), on CUDA wall time after a synchronize. Ratios are ours / transformers: below 1 is faster for
+times, above 1 is faster for tokens/s.
+  moe       one MoE block forward + backward at E = 8, 32, 128 experts (top-8, fixed tokens): ours with the
+            router's top-k, ours replaying recorded routes, transformers' `Qwen3MoeSparseMoeBlock`
+  train     a full train step (forward, token cross-entropy, backward), ours with and without replay vs transformers
+  generate  new tokens/s: our `Engine.generate` (KV cache, recording routes) vs transformers `generate()` (sampling,
+            no early stop), bf16 and fp32
+  scaling   train step time vs sequence length and batch, ours vs transformers
+Weights: our model is built, written with `r3.hf.save_pretrained` and read by transformers' `from_pretrained`;
+the JSON records the fp32 logit max-abs difference of the two on the same tokens (the parity check).
+
+    python experiments/speed.py [--quick] [--sections moe train generate scaling] [--out results/speed.json]
+    python experiments/speed.py --device cuda --sections moe --moe-tokens 8192 --moe-hidden 2048 \\
+        --moe-inter 768 --moe-experts 128 --moe-dtypes bf16      # Qwen3-30B-A3B layer shapes on a GPU
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402  (tests/requirements.txt)
+from transformers.utils import logging as hf_logging  # noqa: E402
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock  # noqa: E402
+
+from experiments.common import fmt, markdown_table  # noqa: E402
+from r3.engine import Engine  # noqa: E402
+from r3.hf import save_pretrained  # noqa: E402
+from r3.model import PRESETS, ModelConfig, build_model  # noqa: E402
+from r3.moe import MoE  # noqa: E402
+
+# Qwen3-30B-A3B's ratios (hidden 2048, 32/4 heads of 128, 128 experts top-8 of width 768) at 1/8 the width
+QWEN3_RATIO = ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                          num_key_value_heads=1, head_dim=64, moe_intermediate_size=96, num_experts=128,
+                          num_experts_per_tok=8, max_position_embeddings=512)
+CONFIGS = {"toy": PRESETS["toy"], "toy-wide": PRESETS["toy-wide"], "qwen3-ratio": QWEN3_RATIO}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class Clock:
+    """CPU time of this process on CPU (one torch thread); wall time after a synchronize on CUDA."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+
+    def __call__(self, fn) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        t0 = time.process_time()
+        fn()
+        return time.process_time() - t0
+
+
+def interleaved(clock: Clock, arms: dict, reps: int) -> dict:
+    """Median seconds per arm; one untimed warm-up round, then `reps` rounds, the arm order reversed every round."""
+    times = {k: [] for k in arms}
+    for rep in range(reps + 1):
+        order = list(arms) if rep % 2 else list(arms)[::-1]
+        for name in order:
+            dt = clock(arms[name])
+            if rep:
+                times[name].append(dt)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def hf_twin(model, dtype: torch.dtype, tmp: str) -> Qwen3MoeForCausalLM:
+    """transformers' model with our model's weights: through an HF checkpoint on disk, as a user would load it."""
+    path = os.path.join(tmp, f"ckpt-{id(model)}")
+    if not os.path.exists(path):
+        save_pretrained(model, path)
+    return Qwen3MoeForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def hf_moe_block(ours: MoE, hidden: int, inter: int, E: int, K: int) -> Qwen3MoeSparseMoeBlock:
+    """transformers' sparse MoE block (grouped_mm experts, fused gate_up [E, 2I, D]) with `ours`' weights."""
+    cfg = Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=inter, num_experts=E, num_experts_per_tok=K,
+                         norm_topk_prob=ours.norm_topk_prob)
+    cfg._experts_implementation = "grouped_mm"  # what from_pretrained picks by default in transformers 5.x
+    block = Qwen3MoeSparseMoeBlock(cfg)
+    ex = ours.experts
+    with torch.no_grad():
+        block.gate.weight.copy_(ours.gate.weight)
+        block.experts.gate_up_proj.copy_(torch.cat([ex.gate_proj, ex.up_proj], 1))
+        block.experts.down_proj.copy_(ex.down_proj)
+    return block
+
+
+def bench_moe(args, clock, dev) -> list[dict]:
+    rows = []
+    D, I, K = args.moe_hidden, args.moe_inter, args.moe_top_k
+    combos = [(dt, N, E) for dt in args.moe_dtypes for N in args.moe_tokens for E in args.moe_experts]
+    for dt_name, N, E in tqdm(combos, desc="moe block", leave=False):
+        dt = DTYPES[dt_name]
+        torch.manual_seed(0)
+        ours = MoE(D, I, E, K, norm_topk_prob=True)
+        for p in ours.parameters():
+            torch.nn.init.normal_(p, std=0.02)
+        theirs = hf_moe_block(ours, D, I, E, K).to(dev, dt)
+        ours = ours.to(dev, dt)
+        x = torch.randn(1, N, D, device=dev, dtype=dt, requires_grad=True)
+        grad = torch.randn(1, N, D, device=dev, dtype=dt)
+        with torch.no_grad():
+            y_ours, routes = ours(x)
+            diff = (y_ours.float() - theirs(x).float()).abs().max().item()
+
+        def step(block, *replay):
+            def run():
+                block.zero_grad(set_to_none=True)
+                x.grad = None
+                y = block(x, *replay)
+                (y[0] if block is ours else y).backward(grad)
+            return run
+
+        t = interleaved(clock, dict(ours=step(ours, None), replay=step(ours, routes), hf=step(theirs)), args.reps)
+        rows.append(dict(dtype=dt_name, experts=E, top_k=K, hidden=D, inter=I, tokens=N, ours_ms=t["ours"] * 1e3,
+                         replay_ms=t["replay"] * 1e3, hf_ms=t["hf"] * 1e3, ratio=t["ours"] / t["hf"],
+                         replay_ratio=t["replay"] / t["hf"], max_abs_diff=diff))
+    return rows
+
+
+def train_step(model, ids, valid, routes=None, hf=False):
+    model.zero_grad(set_to_none=True)
+    if hf:
+        logits = model(input_ids=ids[:, :-1], attention_mask=valid[:, :-1].long()).logits
+    else:
+        logits = model(ids[:, :-1], valid_BT=valid[:, :-1], routes_BTLK=routes)[0]
+    F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten()).backward()
+
+
+def batch(cfg, B, T, dev, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, cfg.vocab_size, (B, T + 1), generator=g).to(dev)
+    return ids, torch.ones(B, T + 1, dtype=torch.bool, device=dev)
+
+
+def bench_train(args, clock, dev, tmp, shapes) -> list[dict]:
+    """shapes: (config name, B, T) triples; ours top-k, ours replay, transformers, fp32 (the trainer's dtype)."""
+    rows, models = [], {}
+    for name, B, T in tqdm(shapes, desc="train step", leave=False):
+        cfg = CONFIGS[name]
+        if name not in models:
+            ours = build_model(cfg, 0).init_weights(0, std=0.05)
+            theirs = hf_twin(ours, torch.float32, tmp).to(dev).train()
+            models[name] = ours.to(dev), theirs
+        ours, theirs = models[name]
+        ids, valid = batch(cfg, B, T, dev)
+        with torch.no_grad():
+            logits, routes = ours(ids[:, :-1], valid_BT=valid[:, :-1])
+            diff = (logits - theirs(input_ids=ids[:, :-1]).logits).abs().max().item()
+        t = interleaved(clock, dict(ours=lambda: train_step(ours, ids, valid),
+                                    replay=lambda: train_step(ours, ids, valid, routes),
+                                    hf=lambda: train_step(theirs, ids, valid, hf=True)), args.reps)
+        rows.append(dict(config=name, batch=B, seq=T, ours_ms=t["ours"] * 1e3, replay_ms=t["replay"] * 1e3,
+                         hf_ms=t["hf"] * 1e3, ratio=t["ours"] / t["hf"], replay_ratio=t["replay"] / t["hf"],
+                         fp32_logit_max_abs_diff=diff))
+    return rows
+
+
+def bench_generate(args, clock, dev, tmp) -> list[dict]:
+    rows = []
+    combos = [(c, B, d) for c in args.configs for B in args.gen_batch for d in args.dtypes]
+    cache = {}
+    for name, B, dt_name in tqdm(combos, desc="generate", leave=False):
+        cfg, dt, N = CONFIGS[name], DTYPES[dt_name], args.new_tokens
+        if name not in cache:
+            cache[name] = build_model(cfg, 0).init_weights(0, std=0.05)
+        model = cache[name]
+        theirs = hf_twin(model, dt, tmp).to(dev).eval()
+        engine = Engine(model.to(dev), dt_name)
+        ids, _ = batch(cfg, B, args.prompt_len - 1, dev, seed=1)
+        prompts = ids.tolist()
+        pad = cfg.vocab_size - 1
+
+        def ours_gen():
+            b = engine.generate(prompts, max_new_tokens=N, eos_ids=(), pad_id=pad,
+                                generator=torch.Generator(device=dev).manual_seed(0))
+            assert b.routes is not None and b.tokens.shape[1] == args.prompt_len + N
+
+        def hf_gen():
+            with torch.no_grad():
+                out = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N,
+                                      min_new_tokens=N, do_sample=True, top_k=0, top_p=1.0, temperature=1.0,
+                                      pad_token_id=pad, eos_token_id=pad)
+            assert out.shape[1] == args.prompt_len + N
+
+        t = interleaved(clock, dict(ours=ours_gen, hf=hf_gen), args.reps)
+        ours_tps, hf_tps = B * N / t["ours"], B * N / t["hf"]
+        rows.append(dict(config=name, batch=B, dtype=dt_name, prompt_len=args.prompt_len, new_tokens=N,
+                         ours_tok_s=ours_tps, hf_tok_s=hf_tps, speedup=ours_tps / hf_tps))
+    return rows
+
+
+def tables(res: dict) -> str:
+    out = []
+    if res.get("moe"):
+        out.append("**MoE block, forward + backward** (time ours / transformers; below 1 is faster)\n")
+        out.append(markdown_table(
+            ["dtype", "experts", "top-k", "hidden", "expert width", "tokens", "ours ms", "ours replay ms",
+             "transformers ms", "ours / tf", "replay / tf"],
+            [[r["dtype"], str(r["experts"]), str(r["top_k"]), str(r["hidden"]), str(r["inter"]), str(r["tokens"]),
+              fmt(r["ours_ms"]), fmt(r["replay_ms"]), fmt(r["hf_ms"]), f"{r['ratio']:.2f}",
+              f"{r['replay_ratio']:.2f}"] for r in res["moe"]]))
+    for key, title in (("train", "Train step, forward + backward, fp32"),
+                       ("scaling", "Train step vs sequence length and batch, fp32")):
+        if res.get(key):
+            out.append(f"\n**{title}** (time ours / transformers)\n")
+            out.append(markdown_table(
+                ["config", "batch", "seq", "ours ms", "ours replay ms", "transformers ms", "ours / tf",
+                 "replay / tf", "ours µs / token"],
+                [[r["config"], str(r["batch"]), str(r["seq"]), fmt(r["ours_ms"]), fmt(r["replay_ms"]),
+                  fmt(r["hf_ms"]), f"{r['ratio']:.2f}", f"{r['replay_ratio']:.2f}",
+                  fmt(r["ours_ms"] * 1e3 / (r["batch"] * r["seq"]))] for r in res[key]]))
+    if res.get("generate"):
+        out.append("\n**Generation, new tokens/s** (ours records routes; tokens/s ours / transformers: above 1 is "
+                   "faster)\n")
+        out.append(markdown_table(
+            ["config", "batch", "dtype", "prompt", "new tokens", "ours tok/s", "transformers tok/s", "ours / tf"],
+            [[r["config"], str(r["batch"]), r["dtype"], str(r["prompt_len"]), str(r["new_tokens"]),
+              fmt(r["ours_tok_s"]), fmt(r["hf_tok_s"]), f"{r['speedup']:.2f}"] for r in res["generate"]]))
+    return "\n".join(out) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, 1 rep (CI smoke test), seconds")
+    ap.add_argument("--sections", nargs="+", default=["moe", "train", "generate", "scaling"],
+                    choices=["moe", "train", "generate", "scaling"], help="which measurements to run")
+    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                    help="model configs for train and generate")
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES),
+                    help="generation dtypes (the train step is fp32, as the trainer)")
+    ap.add_argument("--moe-dtypes", nargs="+", default=["fp32"], choices=list(DTYPES), help="MoE block dtypes")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions per measurement (medians)")
+    ap.add_argument("--moe-experts", type=int, nargs="+", default=[8, 32, 128], help="E for the MoE block")
+    ap.add_argument("--moe-top-k", type=int, default=8, help="K for the MoE block")
+    ap.add_argument("--moe-hidden", type=int, default=512, help="hidden size of the MoE block")
+    ap.add_argument("--moe-inter", type=int, default=192, help="expert width of the MoE block")
+    ap.add_argument("--moe-tokens", type=int, nargs="+", default=[512, 4096], help="tokens through the MoE block")
+    ap.add_argument("--train-batch", type=int, default=16, help="train step batch")
+    ap.add_argument("--train-seq", type=int, default=64, help="train step sequence length")
+    ap.add_argument("--gen-batch", type=int, nargs="+", default=[8, 64], help="generation batch sizes")
+    ap.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per row")
+    ap.add_argument("--new-tokens", type=int, default=32, help="tokens sampled per row")
+    ap.add_argument("--scaling-config", default="qwen3-ratio", choices=list(CONFIGS), help="config for scaling")
+    ap.add_argument("--scaling-seqs", type=int, nargs="+", default=[32, 64, 128, 256], help="seq lengths (batch 8)")
+    ap.add_argument("--scaling-batches", type=int, nargs="+", default=[4, 16, 64], help="batches (seq 64)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU time is per process)")
+    ap.add_argument("--out", default="results/speed.json", help="JSON path; the markdown table goes beside it")
+    args = ap.parse_args()
+    if args.quick:
+        args.reps, args.configs, args.moe_experts, args.moe_tokens = 1, ["toy"], [8, 32], [64]
+        args.moe_dtypes = ["fp32", "bf16"]
+        args.moe_hidden, args.moe_inter, args.moe_top_k = 64, 32, 2
+        args.train_batch, args.train_seq, args.gen_batch, args.new_tokens, args.prompt_len = 2, 8, [2], 3, 4
+        args.scaling_config, args.scaling_seqs, args.scaling_batches = "toy", [8], [2]
+    torch.set_num_threads(args.threads)
+    hf_logging.disable_progress_bar()
+    clock, dev = Clock(args.device), torch.device(args.device)
+    t0 = time.perf_counter()
+    res = dict(config=vars(args), torch=torch.__version__, clock="wall" if clock.cuda else "process_time",
+               device=torch.cuda.get_device_name() if clock.cuda else "cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        if "moe" in args.sections:
+            res["moe"] = bench_moe(args, clock, dev)
+        if "train" in args.sections:
+            res["train"] = bench_train(args, clock, dev, tmp,
+                                       [(c, args.train_batch, args.train_seq) for c in args.configs])
+        if "generate" in args.sections:
+            res["generate"] = bench_generate(args, clock, dev, tmp)
+        if "scaling" in args.sections:
+            c = args.scaling_config
+            shapes = [(c, 8, T) for T in args.scaling_seqs] + [(c, B, 64 if not args.quick else 8)
+                                                              for B in args.scaling_batches]
+            res["scaling"] = bench_train(args, clock, dev, tmp, shapes)
+    res["wall_s"] = time.perf_counter() - t0
+    md = tables(res)
+    print(md)
+    print(f"wall time {res['wall_s']:.0f} s")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=1)
+    md_path = os.path.splitext(args.out)[0] + ".md"
+    with open(md_path, "w") as f:
+        f.write(f"`{' '.join(['python experiments/speed.py'] + sys.argv[1:])}`: {res['device']}, torch {torch.__version__}, "
+                f"{res['clock']}, {args.threads} thread(s), medians of {args.reps} interleaved reps, "
+                f"wall time {res['wall_s']:.0f} s\n\n" + md)
+    print(f"wrote {args.out} and {md_path}")
+
+
+if __name__ == "__main__":
+    main()
