@@ -13,8 +13,8 @@ times, above 1 is faster for tokens/s.
 Weights: our model is built, written with `r3.hf.save_pretrained` and read by transformers' `from_pretrained`;
 the JSON records the fp32 logit max-abs difference of the two on the same tokens (the parity check).
 
-    python experiments/speed.py [--quick] [--sections moe train generate scaling] [--out results/speed.json]
-    python experiments/speed.py --device cuda --sections moe --moe-tokens 8192 --moe-hidden 2048 \\
+    python -m experiments.speed [--quick] [--sections moe train generate scaling] [--out results/speed.json]
+    python -m experiments.speed --device cuda --sections moe --moe-tokens 8192 --moe-hidden 2048 \\
         --moe-inter 768 --moe-experts 128 --moe-dtypes bf16      # Qwen3-30B-A3B layer shapes on a GPU
 """
 import argparse
@@ -25,19 +25,18 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402  (tests/requirements.txt)
-from transformers.utils import logging as hf_logging  # noqa: E402
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock  # noqa: E402
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # the reference: pip install -e .[test]
+from transformers.utils import logging as hf_logging
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from experiments.common import fmt, markdown_table  # noqa: E402
-from r3.engine import Engine  # noqa: E402
-from r3.hf import save_pretrained  # noqa: E402
-from r3.model import PRESETS, ModelConfig, build_model  # noqa: E402
-from r3.moe import MoE  # noqa: E402
+from experiments.common import fmt, markdown_table
+from r3.engine import Engine
+from r3.hf import save_pretrained
+from r3.model import PRESETS, ModelConfig, build_model
+from r3.moe import MoE
 
 # Qwen3-30B-A3B's ratios (hidden 2048, 32/4 heads of 128, 128 experts top-8 of width 768) at 1/8 the width
 QWEN3_RATIO = ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
@@ -296,7 +295,7 @@ def main():
         json.dump(res, f, indent=1)
     md_path = os.path.splitext(args.out)[0] + ".md"
     with open(md_path, "w") as f:
-        f.write(f"`{' '.join(['python experiments/speed.py'] + sys.argv[1:])}`: {res['device']}, torch {torch.__version__}, "
+        f.write(f"`{' '.join(['python -m experiments.speed'] + sys.argv[1:])}`: {res['device']}, torch {torch.__version__}, "
                 f"{res['clock']}, {args.threads} thread(s), medians of {args.reps} interleaved reps, "
                 f"wall time {res['wall_s']:.0f} s\n\n" + md)
     print(f"wrote {args.out} and {md_path}")

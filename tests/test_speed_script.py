@@ -10,8 +10,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_speed_quick_writes_json_and_table(tmp_path):
     out = tmp_path / "speed.json"
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "speed.py"), "--quick", "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run([sys.executable, "-m", "experiments.speed", "--quick", "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     for section in ("moe", "train", "generate", "scaling"):
@@ -20,4 +21,4 @@ def test_speed_quick_writes_json_and_table(tmp_path):
     assert all(r["max_abs_diff"] < 1e-4 for r in res["moe"] if r["dtype"] == "fp32")
     assert all(r["fp32_logit_max_abs_diff"] < 1e-4 for r in res["train"])
     md = (tmp_path / "speed.md").read_text()
-    assert "ours / tf" in md and "experiments/speed.py --quick" in md
+    assert "ours / tf" in md and "experiments.speed --quick" in md
