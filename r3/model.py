@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
 
 from r3.moe import MLP, MoE, RoutesError, check_routes
 from r3.routing import routes_dtype
@@ -145,12 +146,6 @@ class KVCache:
                           None if self.routes is None else F.pad(self.routes, (0, 0, 0, 0, 0, extra)))
 
 
-def split_heads(x_BTF: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """[B, T, H·hd] -> [B, H, T, hd] (a view)."""
-    B, T, _ = x_BTF.shape
-    return x_BTF.view(B, T, -1, head_dim).transpose(1, 2)
-
-
 class Attention(nn.Module):
     """GQA without copying K/V: SDPA's `enable_gqa` when several positions are new (training, prefill); for one
     new position (decode) the H / Hkv query heads that share a KV head become that head's query rows."""
@@ -170,9 +165,9 @@ class Attention(nn.Module):
         """`mask`: bool [B, 1, T, S] (True = may attend), [B, 1, 1, S] for one new position, or None = causal."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
-        q = self.q_norm(split_heads(self.q_proj(x_BTD), cfg.head_dim))
-        k = self.k_norm(split_heads(self.k_proj(x_BTD), cfg.head_dim))
-        v = split_heads(self.v_proj(x_BTD), cfg.head_dim)
+        q = self.q_norm(rearrange(self.q_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
+        k = self.k_norm(rearrange(self.k_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
+        v = rearrange(self.v_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim)
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -188,7 +183,7 @@ class Attention(nn.Module):
             out = out.reshape(B, cfg.num_attention_heads, 1, cfg.head_dim)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.o_proj(rearrange(out, "b h t d -> b t (h d)"))
 
 
 def attention_mask(valid_BT: torch.Tensor | None, kv_cache: KVCache | None, B: int, T: int, device):
