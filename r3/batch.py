@@ -23,7 +23,7 @@ holds a SHA-256 of the content (`batch_digest`: every tensor, the routes header,
 bit, a partial copy or an edited manifest is refused at load. Version-2 folders (no checksum) load with a warning;
 version-1 folders (raw routes tensor) still load. `load_rollouts` reads one or many folders (natural order) and
 validates every field against a model config (`r3/validate.py`), naming the folder, field and row of anything that
-does not fit. `batch_from_samples` builds a Batch from external-engine samples (SGLang / vLLM, see `r3/routing.py`).
+does not fit. `batch_from_samples` builds a Batch from external-engine samples (SGLang / vLLM, see `r3/engine_formats.py`).
 """
 import hashlib
 import json
@@ -36,9 +36,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from r3.engine_formats import EngineSample, fit_routes
 from r3.io import atomic_write
 from r3.moe import RoutesError
-from r3.routing import CODECS, DEFAULT_FILE_CODEC, EngineSample, decode_routes, encode_routes, fit_routes, \
+from r3.routing import CODECS, DEFAULT_FILE_CODEC, decode_routes, encode_routes, \
     routes_dtype
 from r3.validate import check_batch_fields, check_batch_model
 

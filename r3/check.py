@@ -17,7 +17,7 @@ and a lower kl with replay. Detectors for what the field's bug reports show goes
 Rollout folders are read with `r3.batch.load_batch`; a folder it refuses for its routes (duplicates, ids out of
 range, in an int32 / uint8 file) is read raw so that the checker can report it. `check_alignment(model, batches)` is
 the library form (any `Batch`es, e.g. built by your own converter); `render` prints a report.
-Left out: other stacks' dump formats (convert with r3.routing.sglang_sample / vllm_sample + batch_from_samples),
+Left out: other stacks' dump formats (convert with r3.engine_formats.sglang_sample / vllm_sample + batch_from_samples),
 per-token drill-down, models with dense layers (the loader refuses them).
 """
 import argparse

@@ -13,7 +13,7 @@ SGLang (python/sglang/srt/managers/io_struct.py `GenerateReqInput`, srt/sampling
             back in the order sent and a deterministic server reproduces a run (SGLang honours sampling_seed with
             `--sampling-backend pytorch`; the flashinfer sampler refuses it).
   response  a list of {"output_ids", "meta_info": {"output_token_logprobs": [[logprob, id, text], ...],
-            "routed_experts": base64, "routed_experts_dtype"?}}, decoded by `r3.routing.sglang_sample`.
+            "routed_experts": base64, "routed_experts_dtype"?}}, decoded by `r3.engine_formats.sglang_sample`.
   weights   POST /update_weights_from_disk {"model_path", "flush_cache", "weight_version"} -> {"success",
             "message", "num_paused_requests"}, HTTP 400 when it fails (srt/entrypoints/http_server.py).
 vLLM (vllm/entrypoints/openai/completion/protocol.py):
@@ -22,7 +22,7 @@ vLLM (vllm/entrypoints/openai/completion/protocol.py):
             (children of a seeded request get seed + index: v1/engine/parallel_sampling.py).
   response  choices[i].token_ids / .logprobs.token_logprobs / .routed_experts, plus the response-level
             prompt_routed_experts of split builds; routes as nested lists or base64 of a .npy file (newer builds);
-            layouts told apart by `r3.routing.vllm_routes`. Start vLLM with `--logprobs-mode processed_logprobs`,
+            layouts told apart by `r3.engine_formats.vllm_routes`. Start vLLM with `--logprobs-mode processed_logprobs`,
             else its log-probs ignore the temperature.
   weights   vLLM has no stable reload route. Supported: the dev-mode (VLLM_SERVER_DEV_MODE=1) POST /collective_rpc
             {"method": "reload_weights"} (reloads from the server's own model path: start vLLM on `weights_path`),
@@ -53,7 +53,7 @@ from r3.batch import Batch, batch_from_samples
 from r3.fsdp import gather_full_state_dict, is_distributed
 from r3.hf import save_pretrained
 from r3.io import atomic_write
-from r3.routing import EngineSample, sglang_sample, vllm_routes
+from r3.engine_formats import EngineSample, sglang_sample, vllm_routes
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost must not go through a proxy
 _NPY_DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<u2": torch.uint16, "<i2": torch.int16, "<i4": torch.int32,

@@ -49,7 +49,7 @@ def test_clean_routes_pass(setup):
     for b in (batch, fp32):
         r = check_alignment(model, [b])
         assert r["ok"] and not names(r), render(r)
-        assert r["overlap"] > 0.9 and r["kl"]["replay"] <= r["kl"]["no_replay"]
+        assert r["overlap"] > 0.9 and r["kl"]["replay"] <= r["kl"]["no_replay"] + 1e-9  # fp32: both ~0
     assert check_alignment(model, [fp32])["flip_rate"] == 0.0
 
 

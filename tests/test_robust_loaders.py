@@ -16,7 +16,7 @@ from r3.hf import CheckpointError, config_to_hf, load_config, load_tokenizer, sh
 from r3.jsonl_task import JsonlTask, make_jsonl_task
 from r3.model import ModelConfig, build_model
 from r3.moe import RoutesError
-from r3.routing import decode_sglang_routes, vllm_sample
+from r3.engine_formats import decode_sglang_routes, vllm_sample
 from r3.tasks import make_task
 from r3.warmup import checkpoint_config, save_weights, warmed_up_model
 
