@@ -9,7 +9,6 @@ Published orderings to compare with: GRPO+R3 > GRPO+TIS > GRPO; R2 beats R3 at 2
 Writes OUT/ablations.{md,json,png}. Runs are shared with experiments/collapse.py (same folder, same flags).
 """
 import argparse
-import json
 import os
 import time
 
@@ -18,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from experiments.common import write_results
 from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
 from r3.guard import ema_series
 from r3.io import read_jsonl
@@ -37,6 +37,11 @@ ARMS = {  # label: (replay, loss, is_correction, mini_steps)
     "GRPO+R2 (2 mini-steps)": ("r2", "grpo", "none", 2),
     "GRPO+R3 (2 mini-steps)": ("r3", "grpo", "none", 2),
 }
+
+
+def mean_of(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
 
 
 def main():
@@ -62,8 +67,8 @@ def main():
     run_all(list(runs.values()), steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"))
     rows = {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
 
-    lines = ["| arm | mean final reward | per seed | best reward (EMA) | collapsed | mean kl | max kl | "
-             "max grad norm |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | mean final reward | per seed | best reward (EMA) | held-out acc | collapsed | mean kl | max kl | "
+             "max grad norm |", "|---|---|---|---|---|---|---|---|---|"]
     data = {}
     for label in args.arms:
         ms = [summarize(rows[label, s]) for s in args.seeds]
@@ -71,17 +76,18 @@ def main():
             final_reward=sum(m["final_reward"] for m in ms) / len(ms), per_seed=[m["final_reward"] for m in ms],
             best_reward_ema=sum(m["best_reward_ema"] for m in ms) / len(ms),
             collapsed=sum(m["collapse_step"] is not None for m in ms), mean_kl=sum(m["mean_kl"] for m in ms) / len(ms),
-            max_kl=max(m["max_kl"] for m in ms), max_grad_norm=max(m["max_grad_norm"] for m in ms))
+            max_kl=max(m["max_kl"] for m in ms), max_grad_norm=max(m["max_grad_norm"] for m in ms),
+            heldout_accuracy=mean_of([m["heldout_accuracy"] for m in ms]))
+        held = "—" if d["heldout_accuracy"] is None else f"{d['heldout_accuracy']:.3f}"
         lines.append(f"| {label} | {d['final_reward']:.3f} | {' / '.join(f'{x:.3f}' for x in d['per_seed'])} | "
-                     f"{d['best_reward_ema']:.3f} | {d['collapsed']} of {len(ms)} | {d['mean_kl']:.2e} | "
+                     f"{d['best_reward_ema']:.3f} | {held} | {d['collapsed']} of {len(ms)} | {d['mean_kl']:.2e} | "
                      f"{d['max_kl']:.2e} | {d['max_grad_norm']:.1f} |")
     table = "\n".join(lines)
     print(table)
-    with open(os.path.join(args.out, "ablations.md"), "w") as f:
-        f.write(f"every arm: `{args.common} --steps {args.steps} --rollout-dtype {args.rollout_dtype}` plus its "
-                f"own flags; seeds {args.seeds}; final reward = mean of the last 20 steps\n\n{table}\n")
-    with open(os.path.join(args.out, "ablations.json"), "w") as f:
-        json.dump(dict(common=args.common, steps=args.steps, seeds=args.seeds, arms=data), f, indent=1)
+    write_results(os.path.join(args.out, "ablations.json"),
+                  dict(common=args.common, steps=args.steps, seeds=args.seeds, arms=data), t0=t0,
+                  md=f"every arm: `{args.common} --steps {args.steps} --rollout-dtype {args.rollout_dtype}` plus its "
+                     f"own flags; seeds {args.seeds}; final reward = mean of the last 20 steps\n\n{table}")
 
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw=dict(width_ratios=[1.4, 1, 1]))
     for i, label in enumerate(args.arms):

@@ -9,7 +9,6 @@ its running peak) or a non-finite loss/gradient. Writes OUT/collapse.{md,json,pn
 Re-running resumes a partly finished sweep.
 """
 import argparse
-import json
 import os
 import time
 
@@ -18,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from experiments.common import write_results
 from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
 from r3.guard import ema_series
 from r3.io import read_jsonl
@@ -56,18 +56,21 @@ def sweep(args, dtype, seeds):
 
 def headline(args, rows):
     summ = {k: summarize(v) for k, v in rows.items()}
-    lines = ["| arm | seed | final reward | best reward (EMA) | collapse step | max kl | max F(2) | max grad norm |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | seed | final reward | best reward (EMA) | held-out acc (sampled / greedy) | collapse step | "
+             "max kl | max F(2) | max grad norm |", "|---|---|---|---|---|---|---|---|---|"]
     for (arm, s), m in summ.items():
         lines.append(f"| {arm} | {s} | {fmt(m['final_reward'])} | {fmt(m['best_reward_ema'])} | "
+                     f"{fmt(m['heldout_accuracy'])} / {fmt(m['heldout_greedy'])} | "
                      f"{m['collapse_step'] if m['collapse_step'] is not None else '—'} | {fmt(m['max_kl'], '.2e')} | "
                      f"{fmt(m['max_extreme_frac'], '.2%')} | {fmt(m['max_grad_norm'], '.1f')} |")
-    lines += ["", "| arm | collapsed | mean final reward | median max kl |", "|---|---|---|---|"]
+    lines += ["", "| arm | collapsed | mean final reward | mean held-out acc | median max kl |", "|---|---|---|---|---|"]
     for arm in args.arms:
         ms = [m for (a, _), m in summ.items() if a == arm]
         kls = sorted(m["max_kl"] for m in ms)
+        held = [m["heldout_accuracy"] for m in ms if m["heldout_accuracy"] is not None]
         lines.append(f"| {arm} | {sum(m['collapse_step'] is not None for m in ms)} of {len(ms)} | "
-                     f"{fmt(sum(m['final_reward'] for m in ms) / len(ms))} | {fmt(kls[len(kls) // 2], '.2e')} |")
+                     f"{fmt(sum(m['final_reward'] for m in ms) / len(ms))} | "
+                     f"{fmt(sum(held) / len(held) if held else None)} | {fmt(kls[len(kls) // 2], '.2e')} |")
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for (arm, s), r in rows.items():
         steps = [x["step"] for x in r]
@@ -130,21 +133,16 @@ def main():
           f"--rollout-dtype D --seed S --replay ARM")
     table, data = headline(args, sweep(args, args.rollout_dtype, args.seeds))
     print(table)
-    with open(os.path.join(args.out, "collapse.md"), "w") as f:
-        f.write(f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps} "
-                f"--rollout-dtype {args.rollout_dtype}`; arms differ only in --replay\n\n")
-        f.write(table + "\n")
-    with open(os.path.join(args.out, "collapse.json"), "w") as f:
-        json.dump(dict(common=args.common, steps=args.steps, rollout_dtype=args.rollout_dtype, runs=data), f,
-                  indent=1)
+    write_results(os.path.join(args.out, "collapse.json"),
+                  dict(common=args.common, steps=args.steps, rollout_dtype=args.rollout_dtype, runs=data), t0=t0,
+                  md=f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps} "
+                     f"--rollout-dtype {args.rollout_dtype}`; arms differ only in --replay\n\n{table}")
     if args.dose:
         table, data = dose(args)
         print(table)
-        with open(os.path.join(args.out, "dose.md"), "w") as f:
-            f.write(f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps}`; seeds "
-                    f"{args.dose_seeds}\n\n{table}\n")
-        with open(os.path.join(args.out, "dose.json"), "w") as f:
-            json.dump(data, f, indent=1)
+        write_results(os.path.join(args.out, "dose.json"), data, t0=t0,
+                      md=f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps}`; seeds "
+                         f"{args.dose_seeds}\n\n{table}")
     print(f"wrote {args.out}/collapse.(md|json|png){' and dose.*' if args.dose else ''} in {time.time() - t0:.0f}s")
 
 

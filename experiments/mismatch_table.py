@@ -18,13 +18,12 @@ The MoE warm-up is bit-reproducible only at a fixed thread count (--threads, def
 sensitive): a different count gives a slightly different MoE, and its kl moves by about the printed s.e. or more.
 """
 import argparse
-import json
 import os
 import time
 
 import torch
 
-from experiments.common import fmt, markdown_table
+from experiments.common import fmt, markdown_table, write_results
 from r3.collect import rollout
 from r3.metrics import kl_k3
 from r3.model import PRESETS
@@ -168,8 +167,7 @@ def main(argv=None) -> dict:
     print(header + "\n\n" + "\n\n".join(out_md) + f"\n\nwall time {wall:.1f}s")
     os.makedirs(args.out, exist_ok=True)
     report = dict(args=vars(args), models=models_desc, wall_s=round(wall, 1), paper=PAPER, results=results)
-    with open(os.path.join(args.out, "mismatch_table.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_results(os.path.join(args.out, "mismatch_table.json"), report, t0=t0)
     plot(results, args.presets, args.dtypes, args.warmup_steps, os.path.join(args.out, "mismatch_table.png"))
     return report
 

@@ -11,12 +11,11 @@ forward still returns the ids it used (top-k computes them anyway).
     python -m experiments.overhead [--preset toy-wide] [--reps 11] [--out results/overhead.json]
 """
 import argparse
-import json
-import os
 import time
 
 import torch
 
+from experiments.common import write_results
 from r3.engine import Engine
 from r3.model import PRESETS, KVCache, build_model
 from r3.moe import check_routes
@@ -166,11 +165,8 @@ def main():
     print(f"\nprefill slots computed / requested: group {gc['computed']} / {gc['requested']}, "
           f"turn 2 {tc['computed']} / {tc['requested']}")
     print("Qwen3-30B-A3B layer-level GPU figures: pending (no GPU in this environment).")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(rows=rows, counters=counters, raw_ms={k: [x * 1e3 for x in v] for k, v in t.items()},
-                       config=vars(args), clock="process_time", batch_shape=[B, T], torch=torch.__version__), f,
-                  indent=1)
+    write_results(args.out, dict(rows=rows, counters=counters, raw_ms={k: [x * 1e3 for x in v] for k, v in t.items()},
+                                 config=vars(args), clock="process_time", batch_shape=[B, T]))
     print(f"wrote {args.out}")
 
 

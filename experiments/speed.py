@@ -18,7 +18,6 @@ the JSON records the fp32 logit max-abs difference of the two on the same tokens
         --moe-inter 768 --moe-experts 128 --moe-dtypes bf16      # Qwen3-30B-A3B layer shapes on a GPU
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # the reference: p
 from transformers.utils import logging as hf_logging
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from experiments.common import fmt, markdown_table
+from experiments.common import fmt, markdown_table, write_results
 from r3.engine import Engine
 from r3.hf import save_pretrained
 from r3.model import PRESETS, ModelConfig, build_model
@@ -290,14 +289,10 @@ def main():
     md = tables(res)
     print(md)
     print(f"wall time {res['wall_s']:.0f} s")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
     md_path = os.path.splitext(args.out)[0] + ".md"
-    with open(md_path, "w") as f:
-        f.write(f"`{' '.join(['python -m experiments.speed'] + sys.argv[1:])}`: {res['device']}, torch {torch.__version__}, "
-                f"{res['clock']}, {args.threads} thread(s), medians of {args.reps} interleaved reps, "
-                f"wall time {res['wall_s']:.0f} s\n\n" + md)
+    write_results(args.out, res, md=f"`{' '.join(['python -m experiments.speed'] + sys.argv[1:])}`: {res['device']}, "
+                                    f"torch {torch.__version__}, {res['clock']}, {args.threads} thread(s), medians of "
+                                    f"{args.reps} interleaved reps, wall time {res['wall_s']:.0f} s\n\n" + md)
     print(f"wrote {args.out} and {md_path}")
 
 

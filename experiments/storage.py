@@ -9,12 +9,11 @@ timed side by side within each repetition, median over repetitions, in M token-l
     python -m experiments.storage [--rows 65536] [--reps 5] [--out results/storage.json]
 """
 import argparse
-import json
-import os
 import time
 
 import torch
 
+from experiments.common import write_results
 from r3.routing import CODECS, SET_CODECS, decode_routes, encode_routes, encoded_nbytes, row_bits
 
 GEOMETRIES = {"Qwen3-30B-A3B": (128, 8, 48), "256e-top8": (256, 8, 48), "toy": (8, 2, 4)}
@@ -78,10 +77,7 @@ def main():
         print(f"| {geo} | {r['codec']} | {r['anchor']} | {'kept' if r['keeps_order'] else 'set'} "
               f"| {r['bytes_per_token_layer']:g} | {r['sample_bytes'] / 2 ** 20:.2f} | {r['vs_int32']:.3f} "
               f"| {r['encode_mrows_s']:.2f} | {r['decode_mrows_s']:.2f} |")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(dict(rows=rows, timed_rows=args.rows, reps=args.reps, threads=1, clock="process_time",
-                       torch=torch.__version__), f, indent=1)
+    write_results(args.out, dict(rows=rows, timed_rows=args.rows, reps=args.reps, threads=1, clock="process_time"))
     print(f"\nwrote {args.out}")
 
 

@@ -92,7 +92,11 @@ def summarize(rows: list[dict], tail: int = 20) -> dict:
     fin = [r["reward"] for r in rows[-tail:]]
     best = max(ema_series([r["reward"] for r in rows]))
     finite = lambda k: [r[k] for r in rows if r.get(k) is not None and r[k] == r[k]]  # noqa: E731
+    evals = [r for r in rows if r.get("eval/accuracy") is not None]  # held-out: every --eval-every steps and the end
     return dict(steps=len(rows), final_reward=sum(fin) / len(fin), best_reward_ema=best, collapse_step=collapse,
+                heldout_accuracy=evals[-1]["eval/accuracy"] if evals else None,
+                heldout_greedy=evals[-1]["eval/accuracy_greedy"] if evals else None,
+                best_heldout_accuracy=max((r["eval/accuracy"] for r in evals), default=None),
                 max_kl=max(finite("kl"), default=None),
                 mean_kl=sum(finite("kl")) / len(finite("kl")) if finite("kl") else None,
                 max_extreme_frac=max(finite("extreme_frac"), default=None),

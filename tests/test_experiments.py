@@ -1,5 +1,6 @@
-"""What this proves: the collapse sweep runs every (arm, seed) with identical flags but --replay, writes its table,
-JSON and figure, resumes (finished runs are skipped), and refuses to reuse a run folder made with other flags."""
+"""What this proves: the collapse sweep runs every (arm, seed) with identical flags but --replay, writes its table
+(with a held-out accuracy column and the provenance line), JSON and figure, resumes (finished runs are skipped),
+and refuses to reuse a run folder made with other flags."""
 import json
 import os
 import subprocess
@@ -23,6 +24,10 @@ def test_collapse_sweep_writes_table_and_resumes(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "collapse.json").read_text())
     assert sorted(data["runs"]) == ["none-s0", "none-s1", "r3-s0", "r3-s1"]
+    assert all(0 <= m["heldout_accuracy"] <= 1 for m in data["runs"].values())  # the held-out column
+    assert {"commit", "dirty", "torch", "command"} <= set(data["provenance"])
+    md = (tmp_path / "out" / "collapse.md").read_text()
+    assert "held-out acc" in md and "torch" in md.splitlines()[-1]
     assert (tmp_path / "out" / "collapse.png").stat().st_size > 10_000
     assert "| none | 0 |" in r.stdout and "| r3 | 1 |" in r.stdout
     for arm in ("none", "r3"):  # the arms differ only in --replay
