@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from r3.hf import CheckpointError, config_from_hf, load_pretrained, save_pretrained
 from r3.model import ModelConfig, build_model
 
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # tests/requirements.txt; never skipped
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # the test extra (pyproject.toml); never skipped
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, max_position_embeddings=128,
             rope_theta=1e6, rms_norm_eps=1e-6)
