@@ -6,8 +6,6 @@ import base64
 import io
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +15,7 @@ import pytest
 import torch
 
 from r3.model import PRESETS, build_model
-from r3.remote import RemoteEngineError, SGLangEngine, VLLMEngine, make_engine
+from r3.remote import RemoteEngineError, SGLangEngine, make_engine
 from r3.score import old_policy_pass
 from r3.serve import SGLangStandIn
 
@@ -34,19 +32,9 @@ def sharp(seed):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("weights"))
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "r3.serve", "--preset", "toy", "--port", "0", "--rollout-dtype",
-                             "fp32", "--weights-root", root], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
-    line = proc.stdout.readline()
-    if "ready on" not in line:
-        proc.kill()
-        pytest.fail(f"r3.serve did not start: {line!r} {proc.stderr.read()}")
-    yield line.split()[-1], root
-    proc.terminate()
-    proc.wait(timeout=10)
+def server(toy_server):
+    url, root = toy_server
+    return url, str(root)
 
 
 def sglang(url, weights_dir, **kw):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from conftest import sigkill_on_call
 import r3.io
 import rollout as rollout_cli
 from r3.batch import load_batch, load_rollouts
@@ -51,15 +52,7 @@ def kill_at(k: int, argv: list[str], count_file: str) -> int:
     if pid:
         return os.waitpid(pid, 0)[1]
     try:
-        calls = [0]
-
-        def counted(fn):
-            def call(*a, **kw):
-                calls[0] += 1
-                if calls[0] == k:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return fn(*a, **kw)
-            return call
+        counted = sigkill_on_call(k)
 
         save = rollout_cli.save_batch
 
@@ -72,7 +65,7 @@ def kill_at(k: int, argv: list[str], count_file: str) -> int:
         rollout_cli.save_batch = armed_save
         rollout_cli.main(argv)
         with os.fdopen(os.open(count_file, os.O_WRONLY | os.O_CREAT), "w") as f:
-            f.write(str(calls[0]))
+            f.write(str(counted.calls[0]))
     finally:
         os._exit(0)
 

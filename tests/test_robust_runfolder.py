@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from conftest import sigkill_on_call
 import r3.io
 import r3.runfolder
 from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_resume, check_steps, read_metrics,
@@ -71,22 +72,14 @@ def test_a_kill_anywhere_inside_clear_leaves_the_old_run_whole_or_gone(tmp_path)
         if pid == 0:
             try:
                 run = RunFolder(out)
-                n = [0]
-
-                def counted(fn):
-                    def call(*a, **kw):
-                        n[0] += 1
-                        if n[0] == k:
-                            os.kill(os.getpid(), signal.SIGKILL)
-                        return fn(*a, **kw)
-                    return call
+                counted = sigkill_on_call(k)
                 for name in ("open", "replace", "rename", "fsync", "mkdir", "makedirs", "rmdir", "unlink", "close"):
                     setattr(os, name, counted(getattr(os, name)))
                 builtins.open = counted(builtins.open)
                 r3.runfolder.exchange = counted(r3.runfolder.exchange)
                 r3.runfolder.shutil.rmtree = counted(r3.runfolder.shutil.rmtree)
                 run.clear()
-                os.write(os.open(str(tmp_path / "calls"), os.O_WRONLY | os.O_CREAT), str(n[0]).encode())
+                os.write(os.open(str(tmp_path / "calls"), os.O_WRONLY | os.O_CREAT), str(counted.calls[0]).encode())
             finally:
                 os._exit(0)
         status = os.waitpid(pid, 0)[1]

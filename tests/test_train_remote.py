@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 import torch
 
 from r3.batch import save_batch
@@ -23,24 +22,8 @@ TINY = ["--task", "sort:3-4", "--warmup-steps", "5", "--prompts-per-step", "4", 
         "--val-every", "2", "--val-prompts", "2", "--no-plot", "--quiet", "--lr", "3e-3", "--lr-warmup", "1"]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("served")
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "r3.serve", "--preset", "toy", "--port", "0", "--rollout-dtype",
-                             "fp32", "--weights-root", str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
-    line = proc.stdout.readline()
-    if "ready on" not in line:
-        proc.kill()
-        pytest.fail(f"r3.serve did not start: {line!r} {proc.stderr.read()}")
-    yield line.split()[-1], root
-    proc.terminate()
-    proc.wait(timeout=10)
-
-
-def test_train_with_a_server_engine_end_to_end(server, tmp_path):
-    url, root = server
+def test_train_with_a_server_engine_end_to_end(toy_server, tmp_path):
+    url, root = toy_server
     r = train([*TINY, "--engine", f"sglang:{url}", "--r3", "--rollout-dtype", "fp32", "--steps", "3",
                "--weights-dir", str(root / "w"), "--out", str(tmp_path / "run")], ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
