@@ -8,11 +8,13 @@ from r3.provenance import markdown_line, provenance
 
 
 
-def fmt(x, scale: float = 1.0, digits: int = 3) -> str:
-    """A table cell: '—' for None / NaN, else a compact number."""
+def fmt(x, scale: float = 1.0, digits: int = 3, spec: str | None = None) -> str:
+    """A table cell: '—' for None / NaN, else a compact number (or `format(x * scale, spec)` with a spec)."""
     if x is None or x != x:
         return "—"
     v = x * scale
+    if spec is not None:
+        return format(v, spec)
     if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e4):
         return f"{v:.{digits - 1}e}"
     return f"{v:.{digits}g}"
