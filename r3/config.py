@@ -42,9 +42,9 @@ def flag(default, help: str, *, choices=None, domain=None, alias: str | None = N
 @dataclass(frozen=True)
 class SamplingConfig:
     preset: str = flag("toy", "toy model preset", choices=sorted(PRESETS))
-    model: str | None = flag(None, "checkpoint instead of a preset: train.py takes an HF Qwen3-MoE folder "
-                                   "(config.json, *.safetensors, tokenizer.json; needs --task jsonl:FILE); rollout.py "
-                                   "also takes a safetensors file written by r3.checkpoint.save_weights")
+    model: str | None = flag(None, "a checkpoint instead of a preset: an HF Qwen3-MoE folder (config.json, "
+                                   "*.safetensors; train.py also needs its tokenizer.json and --task jsonl:FILE); "
+                                   "rollout.py also takes a safetensors file written by r3.checkpoint.save_weights")
     dense: bool = flag(False, "the preset's dense twin (matched active parameters, no router, no routes)")
     task: str = flag("sort", "toy task: sort | reverse | add, optionally NAME:MIN-MAX digits; or jsonl:FILE")
     warmup_steps: int = flag(80, "supervised warm-up steps for a preset before RL (cached and shared; 0 = random "

@@ -88,8 +88,9 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
 def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, task_spec: str, warmup_steps: int,
                init_seed: int, cache_dir: str = ".cache/warmup", arch: str | None = None,
                progress: bool = True) -> tuple[Transformer, str]:
-    """Preset `spec` (built from init_seed, then warmed up on the task, cached), or the safetensors checkpoint at
-    `path` when given (`r3.checkpoint.save_weights`; its architecture comes from its metadata, else from `arch`).
+    """Preset `spec` (built from init_seed, then warmed up on the task, cached), or the checkpoint at `path` when given:
+    an HF folder, or a safetensors file (`r3.checkpoint.save_weights`; its architecture comes from its metadata, else
+    from `arch`).
 
     Returns (model in fp32 eval mode, a one-line description of where it came from).
     """
@@ -106,8 +107,11 @@ def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, t
             model, desc = build_model(cfg, init_seed), f"preset {spec}{' (dense twin)' if dense else ''}, " \
                                                        f"random init seed {init_seed}"
         return model.float().eval(), desc
+    if os.path.isdir(path):  # an HF Qwen3-MoE folder, as train.py --model takes
+        from r3.hf import load_pretrained
+        return load_pretrained(path, dtype=torch.float32).eval(), f"HF checkpoint {path}"
     if not os.path.isfile(path):
-        raise SystemExit(f"--model {path!r} is not a checkpoint file (a safetensors file from save_weights)")
+        raise SystemExit(f"--model {path!r} is neither an HF checkpoint folder nor a safetensors file (save_weights)")
     cfg = checkpoint_config(path)
     if cfg is None:
         if arch is None:

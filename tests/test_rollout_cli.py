@@ -132,3 +132,14 @@ def test_out_of_range_expert_id_is_refused(tmp_path):
     batch.routes[0, 1, 0, 0] = 200  # and an in-memory batch is refused at replay, never replayed silently
     with pytest.raises(RoutesError, match="out of range"):
         score(model, batch, replay=True)
+
+
+def test_cli_takes_an_hf_folder_like_train_py(tmp_path):
+    """--model means a checkpoint in both scripts: an HF folder works here as in train.py."""
+    from r3.hf import save_pretrained
+    save_pretrained(build_model(CFG, 5).init_weights(5, std=0.2), str(tmp_path / "hf"))
+    stdout = run_cli("--model", str(tmp_path / "hf"), "--task", "sort:3-4", "--prompts-per-step", "2",
+                     "--group-size", "2", "--out", str(tmp_path / "ro"))
+    assert "HF checkpoint" in stdout and "router_flip_rate" in stdout
+    b = load_batch(str(tmp_path / "ro"))
+    assert b.routes.shape[2:] == (CFG.num_hidden_layers, CFG.num_experts_per_tok)
