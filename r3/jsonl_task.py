@@ -64,12 +64,7 @@ def boxed_reward(response_text: str, reference: str) -> tuple[float, dict]:
     return float(exact), dict(exact=exact, has_boxed=got is not None, extracted=got)
 
 
-def read_jsonl(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[tuple[str, str]]:
-    """(question, answer) pairs; a bad line raises ValueError naming the file, line and field."""
-    return [(q, a) for _, q, a in read_jsonl_lines(path, prompt_key, answer_key)]
-
-
-def read_jsonl_lines(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[tuple[int, str, str]]:
+def read_qa_lines(path: str, prompt_key: str = "prompt", answer_key: str = "answer") -> list[tuple[int, str, str]]:
     """(line number, question, answer) per example; a bad line (not UTF-8, not JSON, missing or mistyped field)
     raises ValueError naming the file, line and field."""
     rows = []
@@ -113,7 +108,7 @@ class JsonlTask:
     def __init__(self, path: str, tokenizer: Tokenizer, *, prompt_key: str = "prompt", answer_key: str = "answer",
                  max_new_tokens: int = 1024):
         self.path, self.tokenizer, self.max_new_tokens = path, tokenizer, max_new_tokens
-        lines = read_jsonl_lines(path, prompt_key, answer_key)
+        lines = read_qa_lines(path, prompt_key, answer_key)
         self.line_numbers = [n for n, _, _ in lines]
         self.rows = [(q, a) for _, q, a in lines]
 

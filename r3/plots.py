@@ -14,6 +14,7 @@ import json
 import math
 import os
 
+from r3.guard import EMA_DECAY, ema_series
 from r3.io import read_jsonl
 
 PANELS = [("reward", "reward", False), ("kl", "mismatch kl (k3)", True), ("extreme_frac", "F(2)", False),
@@ -31,19 +32,6 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
-
-
-def read_metrics(path: str) -> list[dict]:
-    return read_jsonl(path)
-
-
-def ema(values: list[float], beta: float = 0.9) -> list[float]:
-    """The running mean the collapse guard watches."""
-    out, m = [], None
-    for v in values:
-        m = v if m is None else beta * m + (1 - beta) * v
-        out.append(m)
-    return out
 
 
 def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -66,7 +54,7 @@ def plot_run(records: list[dict], path: str, title: str = "") -> None:
             ax.text(0.5, 0.5, "n/a", ha="center", transform=ax.transAxes)
         if keys == "reward" and plotted:  # the collapse guard watches this running mean
             xs, ys = series(records, "reward")
-            ax.plot(xs, ema(ys), lw=1.5, label="EMA 0.9")
+            ax.plot(xs, ema_series(ys), lw=1.5, label=f"EMA {EMA_DECAY}")
         if (isinstance(keys, tuple) or keys == "reward") and plotted:
             ax.legend(fontsize=7)
         ax.set_title(label, fontsize=9)
@@ -122,7 +110,7 @@ def compare_runs(run_dirs: list[str], out_png: str, *, title: str = "", labels: 
             xs, ys = series(recs, key)
             if key == "reward" and xs:
                 ax.plot(xs, ys, color=c, lw=0.6, alpha=0.3)
-                ys = ema(ys)
+                ys = ema_series(ys)
             ax.plot(xs, ys, "o-" if key.startswith("eval/") else "-", ms=3, lw=1.3, color=c, label=label)
             if key == "eval/accuracy":
                 ax.plot(*series(recs, "eval/accuracy_greedy"), "s--", ms=3, lw=1, color=c)
