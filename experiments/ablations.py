@@ -93,7 +93,8 @@ def main():
     for i, label in enumerate(args.arms):
         for s in args.seeds:
             r = rows[label, s]
-            axes[0].plot([x["step"] for x in r], ema_series([x["reward"] for x in r]), color=plt.cm.tab20(i % 20), lw=1, alpha=0.8,
+            axes[0].plot([x["step"] for x in r], ema_series([x["reward"] for x in r]), color=plt.cm.tab20(i % 20), lw=1,
+                         alpha=0.8,
                          label=label if s == args.seeds[0] else None)
     ys = range(len(args.arms))[::-1]
     for y, label in zip(ys, args.arms):  # bars: mean over seeds; dots: each seed

@@ -63,7 +63,8 @@ def headline(args, rows):
                      f"{fmt(m['heldout_accuracy'])} / {fmt(m['heldout_greedy'])} | "
                      f"{m['collapse_step'] if m['collapse_step'] is not None else '—'} | {fmt(m['max_kl'], '.2e')} | "
                      f"{fmt(m['max_extreme_frac'], '.2%')} | {fmt(m['max_grad_norm'], '.1f')} |")
-    lines += ["", "| arm | collapsed | mean final reward | mean held-out acc | median max kl |", "|---|---|---|---|---|"]
+    lines += ["", "| arm | collapsed | mean final reward | mean held-out acc | median max kl |",
+              "|---|---|---|---|---|"]
     for arm in args.arms:
         ms = [m for (a, _), m in summ.items() if a == arm]
         kls = sorted(m["max_kl"] for m in ms)

@@ -23,7 +23,8 @@ holds a SHA-256 of the content (`batch_digest`: every tensor, the routes header,
 bit, a partial copy or an edited manifest is refused at load. Version-2 folders (no checksum) load with a warning;
 version-1 folders (raw routes tensor) still load. `load_rollouts` reads one or many folders (natural order) and
 validates every field against a model config (`r3/validate.py`), naming the folder, field and row of anything that
-does not fit. `batch_from_samples` builds a Batch from external-engine samples (SGLang / vLLM, see `r3/engine_formats.py`).
+does not fit. `batch_from_samples` builds a Batch from external-engine samples (SGLang / vLLM, see
+`r3/engine_formats.py`).
 """
 import hashlib
 import json

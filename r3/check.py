@@ -5,7 +5,8 @@
 
 Per MoE layer, over the positions an engine fed (a real token followed by a real token): the overlap of the recorded
 top-k set with the trainer's own, |recorded ∩ own| / K, and the flip rate (sets differ); then the kl of the trainer
-against the engine's log-probs without and with replay (`r3.score.old_policy_pass`, `r3.score.score`). A healthy run: overlap far above
+against the engine's log-probs without and with replay (`r3.score.old_policy_pass`, `r3.score.score`). A healthy
+run: overlap far above
 chance (K / E), a flip rate of a few to ~10 % for a bf16 engine (arXiv 2510.11370 measures 10 % on Qwen3-30B-A3B),
 and a lower kl with replay. Detectors for what the field's bug reports show goes wrong, each with what it likely means:
   layer shift      recorded layer l agrees better with trained layer l +- 1 than with l

@@ -71,8 +71,8 @@ def check_shardable(batch: Batch, num_shards: int, where: str) -> None:
     """Refuse a batch whose rows do not cut into `num_shards` equal runs of whole groups."""
     B = len(batch)
     per = B // num_shards
-    if B % num_shards or any(set(batch.group[i * per:(i + 1) * per].tolist()) & set(batch.group[(i + 1) * per:].tolist())
-                             for i in range(num_shards - 1)):
+    groups = [set(batch.group[i * per:(i + 1) * per].tolist()) for i in range(num_shards)]
+    if B % num_shards or any(a & b for i, a in enumerate(groups) for b in groups[i + 1:]):
         raise ValueError(f"{where}: {B} rows do not cut into {num_shards} shards of whole GRPO groups (groups of "
                          f"group ids {batch.group.unique().tolist()[:8]}...); use a --shards that divides the "
                          f"number of prompts")

@@ -148,7 +148,8 @@ def clip_grad_norm(params, max_norm: float, norm_type: float = 2.0) -> float:
 
 
 def load_policy(path: str, *, world: int, device: torch.device, fsdp_param_dtype: str = "bf16",
-                activation_checkpointing: bool = False, plain_copy: bool = True) -> tuple[Transformer, Transformer | None]:
+                activation_checkpointing: bool = False,
+                plain_copy: bool = True) -> tuple[Transformer, Transformer | None]:
     """(trainer, plain copy or None) from an HF checkpoint folder.
 
     One process: the trainer is the fp32 model (the engine copies it). Under torchrun (world > 1): the trainer is

@@ -339,7 +339,8 @@ def load_source(args) -> tuple[Batch, dict, str, str | None]:
     from r3.tasks import make_task
     from r3.warmup import load_model
     spec = args.task or batch.meta.get("task") or "sort"
-    model, desc = load_model(args.preset, path=args.model, dense=batch.routes is None, task=make_task(spec), task_spec=spec,
+    model, desc = load_model(args.preset, path=args.model, dense=batch.routes is None, task=make_task(spec),
+                             task_spec=spec,
                              warmup_steps=args.warmup_steps, init_seed=args.init_seed, cache_dir=args.cache_dir,
                              arch=args.arch, progress=False)
     if batch.meta.get("model") not in (None, desc):
