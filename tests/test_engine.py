@@ -1,6 +1,6 @@
 """What this proves: the engine's log-probs and routes are those of its own (cast) weights, it stops on EOS with
-per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, weight sync refreshes it, and its fused q/k/v and
-gate/up matmuls give bit-identical rollouts."""
+per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, weight sync refreshes it, and its
+fused q/k/v and gate/up matmuls give bit-identical rollouts."""
 import copy
 
 import pytest
