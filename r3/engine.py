@@ -20,7 +20,8 @@ import copy
 import torch
 
 from r3.batch import Batch
-from r3.model import KVCache, Transformer
+from r3.model import Attention, KVCache, Transformer
+from r3.moe import Experts
 
 ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -45,6 +46,11 @@ class Engine:
         self.dtype_name = dtype
         self.dtype = ROLLOUT_DTYPES[dtype]
         self.model = copy.deepcopy(model).to(self.dtype).eval().requires_grad_(False)
+        for m in self.model.modules():  # one GEMM for q/k/v and one for gate/up; same numbers, same state dict
+            if isinstance(m, Attention):
+                m.fuse_qkv_()
+            elif isinstance(m, Experts):
+                m.fuse_gate_up_()
         self.sync(model)
 
     @torch.no_grad()

@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from einops import rearrange
 
 from r3.moe import MLP, MoE, RoutesError, check_routes
 from r3.routing import routes_dtype
@@ -160,14 +159,38 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(H * hd, D, bias=False)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.qkv_proj = None  # [(H + 2 Hkv)·hd, D] once `fuse_qkv_` ran: the q/k/v weights are views of it
+
+    @torch.no_grad()
+    def fuse_qkv_(self) -> "Attention":
+        """Hold the q, k, v weights in one matrix, the three `weight` parameters becoming views of its rows: one
+        matmul in place of three. For the rollout engine's copy; like `Experts.fuse_gate_up_`, names, state dict and
+        values are unchanged, writes through the parameters land in the fused matrix, `.to()` re-fuses."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = torch.cat([p.weight for p in projs])
+        self.qkv_proj = qkv
+        for p, w in zip(projs, qkv.split([p.weight.shape[0] for p in projs])):
+            p.weight = nn.Parameter(w, requires_grad=p.weight.requires_grad)
+        return self
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        if self.qkv_proj is not None:
+            self.fuse_qkv_()
+        return out
 
     def forward(self, x_BTD, cos, sin, mask, kv_cache: KVCache | None, layer: int):
         """`mask`: bool [B, 1, T, S] (True = may attend), [B, 1, 1, S] for one new position, or None = causal."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
-        q = self.q_norm(rearrange(self.q_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
-        k = self.k_norm(rearrange(self.k_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim))
-        v = rearrange(self.v_proj(x_BTD), "b t (h d) -> b h t d", d=cfg.head_dim)
+        if self.qkv_proj is None:
+            q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
+        else:
+            q, k, v = F.linear(x_BTD, self.qkv_proj).split(
+                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
+        q = self.q_norm(q.unflatten(-1, (-1, cfg.head_dim)).transpose(1, 2))  # b t (h d) -> b h t d
+        k = self.k_norm(k.unflatten(-1, (-1, cfg.head_dim)).transpose(1, 2))
+        v = v.unflatten(-1, (-1, cfg.head_dim)).transpose(1, 2)
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -183,7 +206,7 @@ class Attention(nn.Module):
             out = out.reshape(B, cfg.num_attention_heads, 1, cfg.head_dim)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-        return self.o_proj(rearrange(out, "b h t d -> b t (h d)"))
+        return self.o_proj(out.transpose(1, 2).flatten(2))  # b h t d -> b t (h d)
 
 
 def attention_mask(valid_BT: torch.Tensor | None, kv_cache: KVCache | None, B: int, T: int, device):

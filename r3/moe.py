@@ -74,6 +74,31 @@ class Experts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
         self.up_proj = nn.Parameter(torch.empty(num_experts, inter, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+        self.gate_up_proj = None  # [E, 2I, D] once `fuse_gate_up_` ran: gate_proj and up_proj are views of it
+
+    @torch.no_grad()
+    def fuse_gate_up_(self) -> "Experts":
+        """Hold gate and up in one [E, 2I, D] tensor (HF's `gate_up_proj` layout), `gate_proj` and `up_proj` becoming
+        views of its halves: the forward then runs one grouped GEMM for both. For the rollout engine's copy.
+
+        Names, state dict and values are unchanged, and writes through the two parameters (weight sync,
+        `load_state_dict`) land in the fused tensor, so it cannot go stale; `.to()` re-fuses (see `_apply`).
+        Each output element is the same dot product over D, so the results are bit-identical (tests/test_engine.py).
+        """
+        inter = self.gate_proj.shape[1]
+        gate_up = torch.cat([self.gate_proj, self.up_proj], 1)
+        grad = self.gate_proj.requires_grad
+        self.gate_up_proj = gate_up
+        self.gate_proj = nn.Parameter(gate_up[:, :inter], requires_grad=grad)
+        self.up_proj = nn.Parameter(gate_up[:, inter:], requires_grad=grad)
+        return self
+
+    def _apply(self, fn, recurse=True):
+        """A dtype or device move replaces each parameter's data, which would cut the views: fuse again after it."""
+        out = super()._apply(fn, recurse)
+        if self.gate_up_proj is not None:
+            self.fuse_gate_up_()
+        return out
 
     def forward(self, x_ND: torch.Tensor, ids_NK: torch.Tensor, gates_NK: torch.Tensor) -> torch.Tensor:
         """y_n = Σ_k gates[n, k] · Expert_{ids[n, k]}(x_n), on the N·K (token, expert) pairs sorted by expert.
@@ -88,7 +113,12 @@ class Experts(nn.Module):
         offs_E = torch.searchsorted(sorted_ids, experts_E, right=True, out_int32=True)  # end of each expert's rows
         x_PD = x_ND[order // K]
         mm = _grouped_mm if _grouped_mm_ok(x_PD, self.gate_proj) else _looped_mm
-        h_PI = F.silu(mm(x_PD, self.gate_proj, offs_E)) * mm(x_PD, self.up_proj, offs_E)
+        if self.gate_up_proj is None:
+            h_PI = F.silu(mm(x_PD, self.gate_proj, offs_E)) * mm(x_PD, self.up_proj, offs_E)
+        else:  # fused (the engine's copy): one GEMM for gate and up. silu of a contiguous copy, as unfused: on a
+            # strided view its vectorised loop would split rows differently, and its scalar tail can round apart
+            gate_PI, up_PI = mm(x_PD, self.gate_up_proj, offs_E).chunk(2, dim=-1)
+            h_PI = F.silu(gate_PI.contiguous()) * up_PI
         y_PD = mm(h_PI, self.down_proj, offs_E) * gates_NK.reshape(-1)[order, None]
         y_NKD = torch.zeros_like(y_PD).index_copy(0, order, y_PD).view(N, K, y_PD.shape[1])  # (token, k) order
         return y_NKD.sum(1)

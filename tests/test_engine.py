@@ -1,5 +1,9 @@
 """What this proves: the engine's log-probs and routes are those of its own (cast) weights, it stops on EOS with
-per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, and weight sync refreshes it."""
+per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, weight sync refreshes it, and its
+fused q/k/v and gate/up matmuls give bit-identical rollouts."""
+import copy
+
+import pytest
 import torch
 
 from r3.engine import Engine, fake_quant_e4m3, sample
@@ -69,3 +73,47 @@ def test_sync_refreshes_engine_weights_and_fp8_is_quantised():
     assert torch.equal(engine.model.lm_head.weight, fake_quant_e4m3(model.lm_head.weight.to(torch.bfloat16)))
     assert len(torch.unique(engine.model.lm_head.weight.float() / engine.model.lm_head.weight.float().abs().max()
                             )) <= 256
+
+
+def _unfused_engine(model, dtype):
+    """The engine as it was before its copy fused q/k/v and gate/up: three matmuls for each."""
+    engine = Engine(model, dtype)
+    engine.model = copy.deepcopy(model).to(engine.dtype).eval().requires_grad_(False)
+    engine.sync(model)
+    return engine
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp8"])
+def test_fused_qkv_and_gate_up_give_bit_identical_rollouts(dtype):
+    model = build_model(CFG, 0).init_weights(0, std=0.2)
+    fused, plain = Engine(model, dtype), _unfused_engine(model, dtype)
+    assert fused.model.model.layers[0].mlp.experts.gate_up_proj is not None
+    assert fused.model.model.layers[0].self_attn.qkv_proj is not None
+    assert plain.model.model.layers[0].mlp.experts.gate_up_proj is None
+    assert list(fused.model.state_dict()) == list(plain.model.state_dict())
+    for step in range(2):  # the second time after a weight sync, which must reach the fused tensors
+        a, b = gen(fused, seed=step), gen(plain, seed=step)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.rollout_logp, b.rollout_logp)
+        assert torch.equal(a.routes, b.routes)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        fused.sync(model)
+        plain.sync(model)
+
+
+def test_fused_tensors_follow_load_state_dict_and_to():
+    model = build_model(CFG, 0)
+    engine = Engine(model, "fp32")
+    ex, attn = engine.model.model.layers[1].mlp.experts, engine.model.model.layers[1].self_attn
+    engine.model.load_state_dict({k: v + 1 for k, v in engine.model.state_dict().items()})
+    assert torch.equal(ex.gate_up_proj, torch.cat([ex.gate_proj, ex.up_proj], 1))
+    engine.model.to(torch.float64)
+    assert ex.gate_up_proj.dtype == torch.float64
+    assert torch.equal(ex.gate_up_proj, torch.cat([ex.gate_proj, ex.up_proj], 1))
+    assert torch.equal(attn.qkv_proj, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    with torch.no_grad():
+        ex.up_proj.mul_(2)
+        attn.v_proj.weight.mul_(2)
+    assert torch.equal(ex.gate_up_proj, torch.cat([ex.gate_proj, ex.up_proj], 1))
+    assert torch.equal(attn.qkv_proj, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
