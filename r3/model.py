@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
 
 from r3.moe import MLP, MoE, RoutesError, check_routes
 from r3.routing import routes_dtype
@@ -188,9 +189,9 @@ class Attention(nn.Module):
         else:
             q, k, v = F.linear(x_BTD, self.qkv_proj).split(
                 [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
-        q = self.q_norm(q.unflatten(-1, (-1, cfg.head_dim)).transpose(1, 2))  # b t (h d) -> b h t d
-        k = self.k_norm(k.unflatten(-1, (-1, cfg.head_dim)).transpose(1, 2))
-        v = v.unflatten(-1, (-1, cfg.head_dim)).transpose(1, 2)
+        q = self.q_norm(rearrange(q, "b t (h d) -> b h t d", d=cfg.head_dim))
+        k = self.k_norm(rearrange(k, "b t (h d) -> b h t d", d=cfg.head_dim))
+        v = rearrange(v, "b t (h d) -> b h t d", d=cfg.head_dim)
         cos, sin = cos[:, None], sin[:, None]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -206,7 +207,7 @@ class Attention(nn.Module):
             out = out.reshape(B, cfg.num_attention_heads, 1, cfg.head_dim)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).flatten(2))  # b h t d -> b t (h d)
+        return self.o_proj(rearrange(out, "b h t d -> b t (h d)"))
 
 
 def attention_mask(valid_BT: torch.Tensor | None, kv_cache: KVCache | None, B: int, T: int, device):
