@@ -55,7 +55,8 @@ class SamplingConfig:
     prompts_per_step: int = flag(16, "prompts per step (rollout.py: prompts in the batch)", domain=INT_GE1,
                                  alias="--num-prompts")
     group_size: int = flag(8, "samples per prompt (the GRPO group size G)", domain=INT_GE1)
-    rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8 = simulated e4m3 weights",
+    rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8, fp8-channel, fp8-router, int4, "
+                                      "fp4, mxfp4 = simulated low-bit serving weights (r3/quant.py)",
                               choices=sorted(ROLLOUT_DTYPES))
     temperature: float = flag(1.0, "sampling temperature (the trainer scores at the same)", domain=POSITIVE)
     top_p: float = flag(1.0, "nucleus sampling threshold (1 = off)", domain=PROB)
