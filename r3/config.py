@@ -106,6 +106,10 @@ class TrainConfig(SamplingConfig):
     val_every: int = flag(25, "every N steps log val/kl: normal vs replayed train forward on held-out rollouts "
                               "(0 = never)", domain=INT_GE0)
     val_prompts: int = flag(32, "held-out prompts for val/kl", domain=INT_GE1)
+    fidelity_every: int = flag(0, "every N steps log fidelity/cos and fidelity/rel_err: the arm's first-mini-step "
+                                  "gradient vs the on-policy gradient from an fp32 engine, same prompts and weights, "
+                                  "coupled sampling (r3/fidelity.py; changes no other metric; 0 = never)",
+                               domain=INT_GE0)
     on_collapse: str = flag("continue", "when the collapse guard fires: save a checkpoint, log the symptom, then "
                                         "stop or continue", choices=["stop", "continue"])
     guard_reward_drop: float = flag(0.3, "guard: reward EMA this far below its running peak", domain=POSITIVE)
@@ -150,6 +154,9 @@ class TrainConfig(SamplingConfig):
                              f"{', '.join(RUN_DEFINING)}")
         if self.eval_task and not (self.eval_task.startswith("jsonl:") and jsonl):
             raise ValueError("--eval-task takes jsonl:FILE, with a jsonl --task (the toy tasks hold out their own)")
+        if self.fidelity_every and (self.engine != "local" or self.rollouts or self.model):
+            raise ValueError("--fidelity-every needs the in-process engine on a toy preset (it samples with a second, "
+                             "fp32 engine)")
         if self.group_size < 2:
             raise ValueError("--group-size must be >= 2: GRPO advantages need a group")
         if self.dense and self.replay != "none":
