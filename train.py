@@ -145,7 +145,8 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
     """One optimizer step on the rows `picked` from each shard; one loss normalisation over the whole step."""
     cfg, model = run.cfg, run.model
     kw = dict(loss=cfg.loss, is_correction=cfg.is_correction, is_cap=cfg.is_cap, max_len=run.max_new)
-    dens = [loss_denominator(o.logp[rows], r.batch.rollout_logp[rows], r.batch.loss_mask[rows], **kw)
+    old_logp = (lambda r, o: o.logp) if cfg.old_logp == "trainer" else (lambda r, o: r.batch.rollout_logp)
+    dens = [loss_denominator(old_logp(r, o)[rows], r.batch.rollout_logp[rows], r.batch.loss_mask[rows], **kw)
             for r, o, rows in picked]
     denominator = None if run.num_shards == 1 else max(1.0, global_sum(sum(dens)))
     run.opt.zero_grad(set_to_none=True)
@@ -155,7 +156,7 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
         replay = None if o.routes is None else o.routes[rows]  # R3: the engine's routes; R2: π_old's; none
         logp = token_logp(model, b.tokens[rows], b.attn_mask[rows], replay, temperature=cfg.temperature,
                           chunk=run.chunk).logp
-        loss, lm = policy_loss(logp, o.logp[rows], r.adv[rows], b.loss_mask[rows], clip_low=cfg.clip_range[0],
+        loss, lm = policy_loss(logp, old_logp(r, o)[rows], r.adv[rows], b.loss_mask[rows], clip_low=cfg.clip_range[0],
                                clip_high=cfg.clip_range[1], rollout_logp_BT=b.rollout_logp[rows],
                                denominator=denominator, **kw)
         (loss * run.world if run.world > 1 else loss).backward()  # FSDP averages grads over ranks: ×world = sum
@@ -180,7 +181,7 @@ def fidelity(run: Run, step: int) -> dict:
                    is_correction=cfg.is_correction, is_cap=cfg.is_cap, max_len=run.max_new)
     return gradient_fidelity(run.model, run.engine, run.oracle, run.task, run.examples, replay=cfg.replay,
                              seed=2_000_003 * cfg.seed + step + 1, sample_kw=sample_kw, loss_kw=loss_kw,
-                             chunk=run.chunk)
+                             chunk=run.chunk, old_logp=cfg.old_logp)
 
 
 def dump(run: Run, rollouts: list[Rollout], step: int) -> None:

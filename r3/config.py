@@ -89,6 +89,9 @@ class TrainConfig(SamplingConfig):
     loss: str = flag("grpo", "policy loss (see r3/grpo.py)", choices=["grpo", "dr_grpo", "gspo"])
     clip_low: float | None = flag(None, "clip ε low (default 0.2; gspo 3e-4)", domain=NONNEG)
     clip_high: float | None = flag(None, "clip ε high (default 0.28; gspo 4e-4)", domain=NONNEG)
+    old_logp: str = flag("trainer", "π_old in the PPO ratio: trainer (the fp32 old-policy pass, the default) or "
+                                    "engine (the rollout engine's log-probs, as slime can: the ratio then carries the "
+                                    "whole train/inference mismatch)", choices=["trainer", "engine"])
     is_correction: str = flag("none", "rollout-vs-train importance correction (tis truncates at C; icepop/mis "
                                       "mask outside [1/C, C])", choices=["none", "tis", "icepop", "mis"])
     is_cap: float = flag(2.0, "C for --is-correction", domain=AT_LEAST_1)
@@ -201,8 +204,8 @@ class TrainConfig(SamplingConfig):
 # The fields that define a run: a --resume that changes one is refused unless --allow-change names it.
 RUN_DEFINING = ("preset", "model", "dense", "task", "warmup_steps", "seed", "init_seed", "prompts_per_step",
                 "group_size", "rollout_dtype", "temperature", "top_p", "max_new_tokens", "replay", "lr", "lr_warmup",
-                "grad_clip", "mini_steps", "loss", "clip_low", "clip_high", "is_correction", "is_cap", "engine",
-                "rollouts", "shards", "logprob_chunk", "guard_reward_drop", "guard_kl_max", "on_collapse")
+                "grad_clip", "mini_steps", "loss", "old_logp", "clip_low", "clip_high", "is_correction", "is_cap",
+                "engine", "rollouts", "shards", "logprob_chunk", "guard_reward_drop", "guard_kl_max", "on_collapse")
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 At the current weights and on the step's prompts:
   g_arm  the gradient of the arm's first mini-step: samples from the arm's own engine (its --rollout-dtype),
-         π_old from the trainer's old-policy pass, the arm's replay mode and loss (at the first mini-step the PPO
-         ratio is 1, so this is the arm's policy-gradient estimate). The whole batch is one mini-step here (the
-         training step splits it into --mini-steps), so the estimate is less noisy than any one mini-step's.
+         π_old from the trainer's old-policy pass (or the engine's log-probs, --old-logp engine), the arm's replay
+         mode and loss (with the trainer's π_old the first mini-step's PPO ratio is 1). The whole batch is one
+         mini-step here (training splits it into --mini-steps), so the estimate is less noisy than one mini-step's.
   g_on   the same loss on samples from an fp32 engine (no precision mismatch; the router picks, no replay).
 Both engines sample with one freshly seeded generator (`coupled` sampling: the same random numbers at every
 draw), so the two batches hold the same tokens except where the engines' probabilities differ enough to change a
@@ -24,7 +24,7 @@ from r3.score import old_policy_pass, token_logp
 
 
 def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sample_kw: dict, loss_kw: dict,
-                 chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+                 chunk: int, old_logp: str = "trainer") -> tuple[torch.Tensor, torch.Tensor]:
     """(flat gradient of the first mini-step's loss on `engine`'s samples, the sampled tokens)."""
     g = torch.Generator().manual_seed(seed)
     batch = engine.generate([e.prompt for e in examples], generator=g, **sample_kw)
@@ -34,7 +34,8 @@ def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sampl
     model.zero_grad(set_to_none=True)
     logp = token_logp(model, batch.tokens, batch.attn_mask, old.routes, temperature=sample_kw["temperature"],
                       chunk=chunk).logp
-    loss, _ = policy_loss(logp, old.logp, adv, batch.loss_mask, rollout_logp_BT=batch.rollout_logp, **loss_kw)
+    old_BT = old.logp if old_logp == "trainer" else batch.rollout_logp  # --old-logp engine: the engine's as π_old
+    loss, _ = policy_loss(logp, old_BT, adv, batch.loss_mask, rollout_logp_BT=batch.rollout_logp, **loss_kw)
     loss.backward()
     flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
                       for p in model.parameters()])
@@ -52,10 +53,10 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def gradient_fidelity(model, engine, oracle, task, examples, *, replay: str, seed: int, sample_kw: dict,
-                      loss_kw: dict, chunk: int) -> dict:
+                      loss_kw: dict, chunk: int, old_logp: str = "trainer") -> dict:
     """fidelity/* metrics at the current weights; `oracle` is an fp32 `Engine` (synced here)."""
     oracle.sync(model)
-    kw = dict(sample_kw=sample_kw, loss_kw=loss_kw, chunk=chunk)
+    kw = dict(sample_kw=sample_kw, loss_kw=loss_kw, chunk=chunk, old_logp=old_logp)
     g_arm, tok_arm = arm_gradient(model, engine, task, examples, replay=replay, seed=seed, **kw)
     g_on, tok_on = arm_gradient(model, oracle, task, examples, replay="none", seed=seed, **kw)
     g_on2, _ = arm_gradient(model, oracle, task, examples, replay="none", seed=seed + 7_919, **kw)
