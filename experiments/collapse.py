@@ -101,16 +101,16 @@ def arm_flags(arm: str, seed: int, dtype: str, common: str) -> list[str]:
     return [*common.split(), "--replay", replay, "--rollout-dtype", override or dtype, "--seed", str(seed)]
 
 
-def sweep(args, cells: list[tuple[str, int, str, float | None]], steps: int) -> dict:
+def sweep(args, cells: list[tuple[str, int, str, float | None]], steps: int, runs_dir: str) -> dict:
     """cells: (arm, seed, dtype, lr or None). Runs them (oracle runs shared across dtypes); returns their rows."""
     runs = {}
     for arm, seed, dtype, cell_lr in cells:
         d, lr = ARMS[arm][1] or dtype, own_lr(args.common, cell_lr)
         name = f"{arm}-{d}{'' if lr is None else f'-lr{lr:g}'}-s{seed}"
         flags = arm_flags(arm, seed, dtype, with_lr(args.common, lr))
-        runs[arm, seed, dtype, cell_lr] = (os.path.join(args.runs_dir, name), flags)
+        runs[arm, seed, dtype, cell_lr] = (os.path.join(runs_dir, name), flags)
     unique = list({out: (out, flags) for out, flags in runs.values()}.values())
-    run_all(unique, steps=steps, jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"))
+    run_all(unique, steps=steps, jobs=args.jobs, log_dir=os.path.join(runs_dir, "logs"))
     return {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
 
 
@@ -190,7 +190,7 @@ def plot_runs(rows: dict, title: str, path: str) -> None:
 
 def headline(args, t0: float) -> None:
     cells = [(arm, s, args.rollout_dtype, None) for arm in args.arms for s in args.seeds]
-    raw = sweep(args, cells, args.steps)
+    raw = sweep(args, cells, args.steps, args.runs_dir)
     rows = {(arm, s): raw[arm, s, args.rollout_dtype, None] for arm, s, _, _ in cells}
     summ = {k: run_summary(v) for k, v in rows.items()}
     table = headline_table(summ, args.arms)
@@ -210,7 +210,9 @@ def phase(args, t0: float) -> None:
     steps = args.phase_steps or args.steps
     cells = [(arm, s, d, lr) for lr in args.phase_lrs for d in args.phase_dtypes for arm in args.arms
              for s in args.phase_seeds]
-    raw = sweep(args, cells, steps)
+    # a phase at another horizon keeps its runs apart (a run folder belongs to one command line)
+    raw = sweep(args, cells, steps, args.runs_dir if steps == args.steps
+                else os.path.join(args.runs_dir, f"phase{steps}"))
     data = {}
     for lr in args.phase_lrs:
         for d in args.phase_dtypes:
