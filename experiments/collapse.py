@@ -11,7 +11,7 @@ The collapse rule (RULE) is fixed here, before any run, and printed with every r
 step where its reward EMA (decay 0.9) is >= 0.3 below its running peak (the peak taken after the first 5 steps), or
 its held-out accuracy (eval/accuracy, sampled) is >= 0.3 below its best so far, or its loss or grad norm is not
 finite. It is computed from metrics.jsonl, the same for every arm.
-Writes OUT/collapse.{md,json,png} (runs keyed ARM-sSEED, each with collapse_step: null when stable) and, with
+Writes OUT/collapse.{md,json,png}, OUT/fidelity.png (runs keyed ARM-sSEED, each with collapse_step: null when stable) and, with
 --phase, OUT/phase.{md,json,png}. Runs live in --runs-dir (default OUT/runs); re-running resumes a partial sweep
 (finished runs are skipped, partial ones continue bit-identically), so longer horizons or more seeds extend it.
 """
@@ -188,6 +188,34 @@ def plot_runs(rows: dict, title: str, path: str) -> None:
     plt.close(fig)
 
 
+def plot_fidelity(rows: dict, title: str, path: str) -> None:
+    """Gradient fidelity per arm over training: cos(g_arm, g_on) and ‖g_arm − g_on‖/‖g_on‖, one line per seed; dotted:
+    the cosine between two independent fp32 samples' gradients (the sampling-noise floor without coupling)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    seen = set()
+    for (arm, s), r in rows.items():
+        fid = [x for x in r if x.get("fidelity/cos") is not None]
+        if not fid:
+            continue
+        xs = [x["step"] for x in fid]
+        axes[0].plot(xs, [x["fidelity/cos"] for x in fid], "o-", ms=3, color=COLORS[arm], alpha=0.8,
+                     label=arm if arm not in seen else None)
+        axes[0].plot(xs, [x["fidelity/cos_resample"] for x in fid], ":", color=COLORS[arm], alpha=0.5)
+        axes[1].plot(xs, [x["fidelity/rel_err"] for x in fid], "o-", ms=3, color=COLORS[arm], alpha=0.8,
+                     label=arm if arm not in seen else None)
+        seen.add(arm)
+    axes[0].set_title("cos(g_arm, g_on-policy)  (dotted: two independent fp32 samples)")
+    axes[1].set_title("‖g_arm − g_on‖ / ‖g_on‖")
+    axes[1].set_yscale("symlog", linthresh=0.1)
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def headline(args, t0: float) -> None:
     cells = [(arm, s, args.rollout_dtype, None) for arm in args.arms for s in args.seeds]
     raw = sweep(args, cells, args.steps, args.runs_dir)
@@ -198,6 +226,8 @@ def headline(args, t0: float) -> None:
     setting = f"`{args.common} --steps {args.steps}`; D = {args.rollout_dtype}"
     plot_runs(rows, f"every arm: {args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, "
                     f"oracle fp32; seeds {args.seeds}", os.path.join(args.out, "collapse.png"))
+    plot_fidelity(rows, f"{args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, oracle fp32",
+                  os.path.join(args.out, "fidelity.png"))
     write_results(os.path.join(args.out, "collapse.json"),
                   dict(rule=RULE, rule_text=RULE_TEXT, common=args.common, steps=args.steps,
                        rollout_dtype=args.rollout_dtype, arms={a: ARMS[a] for a in args.arms},
