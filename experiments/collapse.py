@@ -281,7 +281,7 @@ def plot_phase(args, data: dict, path: str) -> None:
             for j, d in enumerate(args.phase_dtypes):
                 c = data[f"{arm}|{d}|{lr:g}"]
                 ax.text(j, i, f"{c['collapse_rate']:.0%}\nR {c['final_reward']:.2f}", ha="center", va="center",
-                        fontsize=8)
+                        fontsize=8, color="white" if c["collapse_rate"] > 0.5 else "black")
         ax.set_xticks(range(len(args.phase_dtypes)), args.phase_dtypes if arm != "oracle"
                       else [f"(fp32)\n{d} col." for d in args.phase_dtypes], fontsize=8)
         ax.set_yticks(range(len(args.phase_lrs)), [f"{lr:g}" for lr in args.phase_lrs])

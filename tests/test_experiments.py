@@ -39,6 +39,11 @@ def test_collapse_sweep_writes_table_and_resumes(tmp_path):
         assert len(flags) == len(base) and {b for _, b in diff} <= {"none", "fp8-router"}, diff
     r = collapse(tmp_path)
     assert r.returncode == 0 and "6 of 6 runs already finished" in r.stdout
+    r = subprocess.run([*r.args[:r.args.index("--steps") + 1], "4", *r.args[r.args.index("--steps") + 2:]],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=400, env=ENV)  # a longer horizon
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert all(len(open(tmp_path / "runs" / d / "metrics.jsonl").readlines()) == 4
+               for d in os.listdir(tmp_path / "runs") if d != "logs")
     r = subprocess.run([sys.executable, "-m", "experiments.collapse", "--seeds", "0", "--steps",
                         "3", "--common", TINY + " --lr 1e-2", "--runs-dir", "runs", "--out", "out"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=400, env=ENV)
