@@ -31,6 +31,7 @@ from r3.collect import (Rollout, advantages, check_shardable, my_shards, sample_
 from r3.config import RUN_DEFINING, TrainConfig, parse
 from r3.engine import Engine
 from r3.evaluate import evaluate, heldout_examples
+from r3.fidelity import gradient_fidelity
 from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, load_policy, save_hf_checkpoint,
                      setup_distributed, sync_engine)
 from r3.grpo import loss_denominator, policy_loss
@@ -65,9 +66,10 @@ def main(argv=None):
         olds = [old_policy_pass(run.model, r.batch, replay=cfg.replay, temperature=cfg.temperature, chunk=run.chunk)
                 for r in rollouts]
         dump(run, rollouts, step)
+        fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
         mini_steps = update(run, rollouts, olds, step)
         sync_engine(run.model, run.engine, run.plain)
-        m = step_metrics(run, rollouts, olds, mini_steps, step)
+        m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid)
         stopped_on = log_guard_checkpoint(run, m, step, t0, bar)
         if stopped_on:
             break
@@ -103,6 +105,8 @@ class Run:
     save_dtype: torch.dtype | None
     folder: RunFolder | None        # rank 0: OUT, locked for the life of the process
     tb: object | None = None        # --tensorboard writer
+    oracle: Engine | None = None    # --fidelity-every: an fp32 engine, the on-policy reference
+    examples: list | None = None    # the step's prompts (kept by `collect` for `fidelity`)
     t0: float = 0.0
 
     def path(self, name: str) -> str:
@@ -117,6 +121,7 @@ def collect(run: Run, step: int) -> list[Rollout]:
         batch = run.disk[step % len(run.disk)]
         return [advantages(shard_rows(batch, s, run.num_shards), None, loss=cfg.loss) for s in run.mine]
     examples = run.task.sample(cfg.prompts_per_step, run.gens["data"], split="train")  # the same on every rank
+    run.examples = examples
     return [advantages(*sample_shard(run.engine, run.task, examples, shard=s, num_shards=run.num_shards,
                                      generator=run.gens[shard_generator_name(s)], group_size=cfg.group_size,
                                      temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=run.max_new,
@@ -140,7 +145,8 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
     """One optimizer step on the rows `picked` from each shard; one loss normalisation over the whole step."""
     cfg, model = run.cfg, run.model
     kw = dict(loss=cfg.loss, is_correction=cfg.is_correction, is_cap=cfg.is_cap, max_len=run.max_new)
-    dens = [loss_denominator(o.logp[rows], r.batch.rollout_logp[rows], r.batch.loss_mask[rows], **kw)
+    old_logp = (lambda r, o: o.logp) if cfg.old_logp == "trainer" else (lambda r, o: r.batch.rollout_logp)
+    dens = [loss_denominator(old_logp(r, o)[rows], r.batch.rollout_logp[rows], r.batch.loss_mask[rows], **kw)
             for r, o, rows in picked]
     denominator = None if run.num_shards == 1 else max(1.0, global_sum(sum(dens)))
     run.opt.zero_grad(set_to_none=True)
@@ -150,7 +156,7 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
         replay = None if o.routes is None else o.routes[rows]  # R3: the engine's routes; R2: π_old's; none
         logp = token_logp(model, b.tokens[rows], b.attn_mask[rows], replay, temperature=cfg.temperature,
                           chunk=run.chunk).logp
-        loss, lm = policy_loss(logp, o.logp[rows], r.adv[rows], b.loss_mask[rows], clip_low=cfg.clip_range[0],
+        loss, lm = policy_loss(logp, old_logp(r, o)[rows], r.adv[rows], b.loss_mask[rows], clip_low=cfg.clip_range[0],
                                clip_high=cfg.clip_range[1], rollout_logp_BT=b.rollout_logp[rows],
                                denominator=denominator, **kw)
         (loss * run.world if run.world > 1 else loss).backward()  # FSDP averages grads over ranks: ×world = sum
@@ -161,6 +167,21 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
     if math.isfinite(grad_norm) and math.isfinite(loss_value):
         run.opt.step()  # a non-finite step is skipped (and reported by the guard), never applied
     return loss_value, grad_norm, dict(global_mean(parts), **{"grpo/loss": loss_value})
+
+
+def fidelity(run: Run, step: int) -> dict:
+    """Every --fidelity-every steps: the arm's gradient vs the on-policy (fp32-engine) one, r3/fidelity.py. Its own
+    generator; no gradient, weight or RNG stream of training is changed."""
+    cfg = run.cfg
+    if not cfg.fidelity_every or step % cfg.fidelity_every:
+        return {}
+    sample_kw = dict(max_new_tokens=run.max_new, eos_ids=run.eos_ids, pad_id=run.pad_id, group_size=cfg.group_size,
+                     temperature=cfg.temperature, top_p=cfg.top_p)
+    loss_kw = dict(loss=cfg.loss, clip_low=cfg.clip_range[0], clip_high=cfg.clip_range[1],
+                   is_correction=cfg.is_correction, is_cap=cfg.is_cap, max_len=run.max_new)
+    return gradient_fidelity(run.model, run.engine, run.oracle, run.task, run.examples, replay=cfg.replay,
+                             seed=2_000_003 * cfg.seed + step + 1, sample_kw=sample_kw, loss_kw=loss_kw,
+                             chunk=run.chunk, old_logp=cfg.old_logp)
 
 
 def dump(run: Run, rollouts: list[Rollout], step: int) -> None:
@@ -287,6 +308,8 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
               val_examples=p.task.sample(cfg.val_prompts, torch.Generator().manual_seed(10_000 + cfg.seed)),
               heldout=p.heldout, save_dtype=load_config(cfg.model)[1] if cfg.model else None, folder=folder, t0=t0,
               tb=tensorboard_writer(os.path.join(out, "tb")) if cfg.tensorboard and rank == 0 else None)
+    if cfg.fidelity_every:
+        run.oracle = Engine(p.model, "fp32")
     start = resume(run) if cfg.resume else 0
     if cfg.engine != "local":  # the server starts from whatever it loaded: give it the trainer's weights
         run.engine.sync(run.model)

@@ -1,15 +1,25 @@
-"""The headline result: no replay vs R3 over several seeds, arms differing only in --replay.
+"""The pre-registered collapse protocol: no replay vs R3 vs an fp32-rollout oracle, same seeds, one flag apart.
 
-  python -m experiments.collapse                      # 5 seeds x {none, r3}, the calibrated toy setting
-  python -m experiments.collapse --dose               # also: dose-response over rollout precision
-
-Every arm is `train.py <COMMON> --replay ARM --seed S --rollout-dtype D`; COMMON is printed and saved, identical for
-all arms. A run "collapses" at the first step the collapse guard reports reward_drop (reward EMA more than 0.3 below
-its running peak) or a non-finite loss/gradient. Writes OUT/collapse.{md,json,png} (and OUT/dose.{md,json,png}).
-Re-running resumes a partly finished sweep.
+  python -m experiments.collapse                       # HEADLINE setting, seeds 0-4, three arms
+  python -m experiments.collapse --phase               # also: collapse rate over lr x rollout precision
+Arms (ARMS), everything else identical (`--common`, printed and saved):
+  none    --replay none --rollout-dtype D      the engine samples at precision D, the trainer routes by itself
+  r3      --replay r3   --rollout-dtype D      the same engine; the update replays the engine's routes
+  oracle  --replay none --rollout-dtype fp32   no precision mismatch: the control that shows a collapse of `none`
+                                               is the mismatch's doing and not plain RL instability
+The collapse rule (RULE) is fixed here, before any run, and printed with every result: a run collapses at the first
+step where its reward EMA (decay 0.9) is >= 0.3 below its running peak (the peak taken after the first 5 steps), or
+its held-out accuracy (eval/accuracy, sampled) is >= 0.3 below its best so far, or its loss or grad norm is not
+finite. It is computed from metrics.jsonl, the same for every arm.
+Writes OUT/collapse.{md,json,png}, OUT/fidelity.png (runs keyed ARM-sSEED, each with collapse_step: null when
+stable) and, with --phase, OUT/phase.{md,json,png}. Runs live in --runs-dir (default OUT/runs); re-running resumes
+a partial sweep (finished runs are skipped, partial ones continue bit-identically), so longer horizons or more seeds
+extend it.
 """
 import argparse
+import math
 import os
+import re
 import time
 
 import matplotlib
@@ -17,134 +27,287 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from experiments.common import write_results
-from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
+from experiments.sweep import run_all, summarize
+from experiments.common import fmt, write_results
 from r3.guard import ema_series
 from r3.io import read_jsonl
 
-COLORS = {"none": "tab:red", "r3": "tab:blue", "r2": "tab:green"}
+RULE = dict(reward_ema_decay=0.9, reward_drop=0.3, peak_after_steps=5, heldout_drop=0.3, nonfinite=True)
+RULE_TEXT = ("collapse = first step where reward EMA(0.9) <= running peak (after step 5) - 0.3, or held-out "
+             "accuracy <= its best so far - 0.3, or loss / grad norm non-finite")
+ARMS = {"none": ("none", None), "r3": ("r3", None), "oracle": ("none", "fp32")}  # arm: (replay, dtype override)
+COLORS = {"none": "tab:red", "r3": "tab:blue", "oracle": "tab:gray"}
+# The headline setting: the Qwen3-ratio preset with its most exposed update (the engine's log-probs as π_old, PPO
+# clipping and gradient clipping off), held-out accuracy and gradient fidelity logged. The same for every arm.
+HEADLINE = ("--preset qwen3-ratio --task sort:6-10 --warmup-steps 80 --prompts-per-step 16 --group-size 8 "
+            "--lr 3e-4 --old-logp engine --clip-low 1 --clip-high 1e6 --grad-clip inf --val-every 50 "
+            "--eval-every 50 --eval-prompts 128 --fidelity-every 25")
+PHASE_LRS = (3e-4, 1e-3)
+PHASE_DTYPES = ("bf16", "fp8-router", "int4")
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds (each arm runs every one)")
-    p.add_argument("--arms", nargs="+", default=["none", "r3"], choices=["none", "r2", "r3"],
-                   help="the ablation set: replay modes to compare")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms to run")
     p.add_argument("--steps", type=int, default=300, help="RL steps per run")
-    p.add_argument("--rollout-dtype", default="fp8", help="rollout precision of the headline sweep")
-    p.add_argument("--common", default=COMMON, help="train.py flags shared by every arm")
-    p.add_argument("--mini-steps", type=int, default=4, help="optimizer steps per rollout batch, every arm")
-    p.add_argument("--runs-dir", default=RUNS_DIR, help="where runs live (shared with ablations.py; reused)")
-    p.add_argument("--dose", action="store_true", help="also sweep rollout precision fp32/fp16/bf16/fp8")
-    p.add_argument("--dose-seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds for the dose sweep")
+    p.add_argument("--rollout-dtype", default="fp8-router", help="rollout precision D of the none and r3 arms")
+    p.add_argument("--common", default=HEADLINE, help="train.py flags shared by every arm")
+    p.add_argument("--runs-dir", default=None, help="where runs live (default OUT/runs; reused, resumed)")
+    p.add_argument("--phase", action="store_true", help="also the phase diagram over --phase-lrs x --phase-dtypes")
+    p.add_argument("--phase-lrs", type=float, nargs="+", default=list(PHASE_LRS), help="phase: learning rates")
+    p.add_argument("--phase-dtypes", nargs="+", default=list(PHASE_DTYPES), help="phase: rollout precisions")
+    p.add_argument("--phase-seeds", type=int, nargs="+", default=[0, 1], help="phase: seeds per cell")
+    p.add_argument("--phase-steps", type=int, default=None, help="phase: RL steps per run (default --steps)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     p.add_argument("--out", default="results/collapse", help="output folder")
-    return p.parse_args()
+    args = p.parse_args(argv)
+    args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
+    return args
 
 
-def fmt(x, spec=".3f"):
-    """A table cell in a fixed format (the tables here compare runs column by column); '—' for None."""
-    return "—" if x is None else format(x, spec)
+def collapse_step(rows: list[dict]) -> tuple[int | None, str | None]:
+    """RULE applied to one run's metrics: (first collapsed step, why) or (None, None)."""
+    ema, peak, best_acc = None, -math.inf, -math.inf
+    for i, r in enumerate(rows):
+        if RULE["nonfinite"] and not all(math.isfinite(r[k]) for k in ("loss", "grad_norm")):
+            return r["step"], "nonfinite"
+        decay = RULE["reward_ema_decay"]
+        ema = r["reward"] if ema is None else decay * ema + (1 - decay) * r["reward"]
+        if i >= RULE["peak_after_steps"]:
+            peak = max(peak, ema)
+            if ema <= peak - RULE["reward_drop"]:
+                return r["step"], "reward_drop"
+        acc = r.get("eval/accuracy")
+        if acc is not None:
+            best_acc = max(best_acc, acc)
+            if acc <= best_acc - RULE["heldout_drop"]:
+                return r["step"], "heldout_drop"
+    return None, None
 
 
-def sweep(args, dtype, seeds):
-    runs = {(arm, s): arm_run(replay=arm, seed=s, dtype=dtype, mini_steps=args.mini_steps, common=args.common,
-                              runs_dir=args.runs_dir) for arm in args.arms for s in seeds}
-    run_all(list(runs.values()), steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"))
+def with_lr(common: str, lr: float | None) -> str:
+    return common if lr is None else re.sub(r"--lr\s+\S+", "", common).strip() + f" --lr {lr:g}"
+
+
+def own_lr(common: str, lr: float | None) -> float | None:
+    """None when `lr` is the common flags' own --lr (that cell reuses the headline runs), else lr."""
+    m = re.search(r"--lr\s+(\S+)", common)
+    return None if lr is None or (m and float(m[1]) == lr) else lr
+
+
+def arm_flags(arm: str, seed: int, dtype: str, common: str) -> list[str]:
+    """train.py flags of one arm: the shared flags, then only --replay and --rollout-dtype differ between arms."""
+    replay, override = ARMS[arm]
+    return [*common.split(), "--replay", replay, "--rollout-dtype", override or dtype, "--seed", str(seed)]
+
+
+def sweep(args, cells: list[tuple[str, int, str, float | None]], steps: int, runs_dir: str) -> dict:
+    """cells: (arm, seed, dtype, lr or None). Runs them (oracle runs shared across dtypes); returns their rows."""
+    runs = {}
+    for arm, seed, dtype, cell_lr in cells:
+        d, lr = ARMS[arm][1] or dtype, own_lr(args.common, cell_lr)
+        name = f"{arm}-{d}{'' if lr is None else f'-lr{lr:g}'}-s{seed}"
+        flags = arm_flags(arm, seed, dtype, with_lr(args.common, lr))
+        runs[arm, seed, dtype, cell_lr] = (os.path.join(runs_dir, name), flags)
+    unique = list({out: (out, flags) for out, flags in runs.values()}.values())
+    run_all(unique, steps=steps, jobs=args.jobs, log_dir=os.path.join(runs_dir, "logs"))
     return {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
 
 
-def headline(args, rows):
-    summ = {k: summarize(v) for k, v in rows.items()}
-    lines = ["| arm | seed | final reward | best reward (EMA) | held-out acc (sampled / greedy) | collapse step | "
-             "max kl | max F(2) | max grad norm |", "|---|---|---|---|---|---|---|---|---|"]
+def run_summary(rows: list[dict]) -> dict:
+    """summarize() plus the protocol's collapse step and the fidelity and held-out precursors."""
+    m = summarize(rows)
+    m["collapse_step"], m["collapse_reason"] = collapse_step(rows)
+    fid = [r for r in rows if r.get("fidelity/cos") is not None]
+    mean = lambda k: sum(r[k] for r in fid) / len(fid) if fid else None  # noqa: E731
+    m.update(mean_fidelity_cos=mean("fidelity/cos"), mean_fidelity_rel_err=mean("fidelity/rel_err"),
+             mean_fidelity_cos_resample=mean("fidelity/cos_resample"), mean_same_rows=mean("fidelity/same_rows"),
+             mean_extreme_frac=sum(r["extreme_frac"] for r in rows) / len(rows),
+             min_entropy=min(r["entropy"] for r in rows))
+    return m
+
+
+def cell(x, spec=".3f"):
+    """A table cell in a fixed format (these tables compare runs column by column)."""
+    return fmt(x, spec=spec)
+
+
+def headline_table(summ: dict, arms: list[str]) -> str:
+    lines = ["| arm | seed | collapse step (why) | final reward | best reward EMA | held-out acc best / final | "
+             "mean kl | max kl | max F(2) | max grad norm | fidelity cos | fidelity rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (arm, s), m in summ.items():
-        lines.append(f"| {arm} | {s} | {fmt(m['final_reward'])} | {fmt(m['best_reward_ema'])} | "
-                     f"{fmt(m['heldout_accuracy'])} / {fmt(m['heldout_greedy'])} | "
-                     f"{m['collapse_step'] if m['collapse_step'] is not None else '—'} | {fmt(m['max_kl'], '.2e')} | "
-                     f"{fmt(m['max_extreme_frac'], '.2%')} | {fmt(m['max_grad_norm'], '.1f')} |")
-    lines += ["", "| arm | collapsed | mean final reward | mean held-out acc | median max kl |",
-              "|---|---|---|---|---|"]
-    for arm in args.arms:
+        why = "—" if m["collapse_step"] is None else f"{m['collapse_step']} ({m['collapse_reason']})"
+        lines.append(f"| {arm} | {s} | {why} | {cell(m['final_reward'])} | {cell(m['best_reward_ema'])} | "
+                     f"{cell(m['best_heldout_accuracy'])} / {cell(m['heldout_accuracy'])} | "
+                     f"{cell(m['mean_kl'], '.2e')} | "
+                     f"{cell(m['max_kl'], '.2e')} | {cell(m['max_extreme_frac'], '.2%')} | "
+                     f"{cell(m['max_grad_norm'], '.3g')} | {cell(m['mean_fidelity_cos'])} | "
+                     f"{cell(m['mean_fidelity_rel_err'])} |")
+    lines += ["", "| arm | collapsed | mean final reward | mean best held-out acc | mean kl | median max grad norm | "
+              "mean fidelity cos | mean fidelity rel err | resample cos (noise floor) |", "|---" * 9 + "|"]
+    for arm in arms:
         ms = [m for (a, _), m in summ.items() if a == arm]
-        kls = sorted(m["max_kl"] for m in ms)
-        held = [m["heldout_accuracy"] for m in ms if m["heldout_accuracy"] is not None]
+        if not ms:
+            continue
+        avg = lambda k: (lambda v: sum(v) / len(v) if v else None)([m[k] for m in ms if m[k] is not None])  # noqa
+        gns = sorted(m["max_grad_norm"] for m in ms if m["max_grad_norm"] is not None)
         lines.append(f"| {arm} | {sum(m['collapse_step'] is not None for m in ms)} of {len(ms)} | "
-                     f"{fmt(sum(m['final_reward'] for m in ms) / len(ms))} | "
-                     f"{fmt(sum(held) / len(held) if held else None)} | {fmt(kls[len(kls) // 2], '.2e')} |")
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+                     f"{cell(avg('final_reward'))} | {cell(avg('best_heldout_accuracy'))} | "
+                     f"{cell(avg('mean_kl'), '.2e')} | "
+                     f"{cell(gns[len(gns) // 2] if gns else None, '.3g')} | {cell(avg('mean_fidelity_cos'))} | "
+                     f"{cell(avg('mean_fidelity_rel_err'))} | {cell(avg('mean_fidelity_cos_resample'))} |")
+    return "\n".join(lines)
+
+
+PANELS = (("reward", "reward (EMA 0.9)", False), ("eval/accuracy", "held-out accuracy (sampled)", False),
+          ("kl", "mismatch kl (k3)", True), ("extreme_frac", "F(2)", False),
+          ("grad_norm", "pre-clip grad norm", True), ("fidelity/cos", "fidelity: cos(g_arm, g_on-policy)", False))
+
+
+def plot_runs(rows: dict, title: str, path: str) -> None:
+    fig, axes = plt.subplots(2, 3, figsize=(16, 8))
+    seen = set()
     for (arm, s), r in rows.items():
-        steps = [x["step"] for x in r]
-        for ax, key in zip(axes, ("reward", "kl", "extreme_frac")):
-            ys = [x[key] for x in r]
-            if key == "reward":  # raw rewards are noisy: plot the EMA the collapse guard watches
-                ys = ema_series(ys)
-            ax.plot(steps, ys, color=COLORS[arm], alpha=0.7, lw=0.8, label=arm if s == args.seeds[0] else None)
-    for ax, (key, log) in zip(axes, (("reward (EMA 0.9)", False), ("mismatch kl (k3)", True), ("F(2)", False))):
-        ax.set_title(key)
+        for ax, (key, _, _) in zip(axes.flat, PANELS):
+            pts = [(x["step"], x[key]) for x in r if x.get(key) is not None and x[key] == x[key]]
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            ys = ema_series(ys) if key == "reward" else ys
+            ax.plot(xs, ys, color=COLORS[arm], alpha=0.7, lw=0.9, marker="." if len(xs) < 40 else None,
+                    label=arm if arm not in seen else None)
+        seen.add(arm)
+    for ax, (_, name, log) in zip(axes.flat, PANELS):
+        ax.set_title(name)
         ax.set_xlabel("step")
-        ax.legend()
         if log:
             ax.set_yscale("log")
-    fig.suptitle(f"{args.rollout_dtype} rollout, {len(args.seeds)} seeds; every arm: {args.common} "
-                 f"--mini-steps {args.mini_steps} --steps {args.steps}", fontsize=8)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "collapse.png"), dpi=110)
-    return "\n".join(lines), {f"{a}-s{s}": m for (a, s), m in summ.items()}
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
-def dose(args):
-    table, data = [], {}
-    for dtype in ("fp32", "fp16", "bf16", "fp8"):
-        rows = sweep(args, dtype, args.dose_seeds)
-        for arm in args.arms:
-            ms = [summarize(r) for (a, _), r in rows.items() if a == arm]
-            data[f"{dtype}-{arm}"] = dict(collapse_rate=sum(m["collapse_step"] is not None for m in ms) / len(ms),
-                                          mean_kl=sum(m["mean_kl"] for m in ms) / len(ms),
-                                          max_kl=max(m["max_kl"] for m in ms),
-                                          final_reward=sum(m["final_reward"] for m in ms) / len(ms))
-    table = ["| rollout | arm | collapse rate | mean kl | max kl | mean final reward |", "|---|---|---|---|---|---|"]
-    for k, d in data.items():
-        dtype, arm = k.split("-")
-        table.append(f"| {dtype} | {arm} | {d['collapse_rate']:.0%} | {d['mean_kl']:.2e} | {d['max_kl']:.2e} | "
-                     f"{d['final_reward']:.3f} |")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    dts = ["fp32", "fp16", "bf16", "fp8"]
-    for arm in args.arms:
-        for ax, key in zip(axes, ("mean_kl", "collapse_rate", "final_reward")):
-            ax.plot(dts, [data[f"{d}-{arm}"][key] for d in dts], "o-", color=COLORS[arm], label=arm)
-    axes[0].set_yscale("log")
-    axes[0].set_title("mean mismatch kl over the run")
-    axes[1].set_title(f"collapse rate ({len(args.dose_seeds)} seeds)")
-    axes[1].set_ylim(-0.05, 1.05)
-    axes[2].set_title("mean final reward (last 20 steps)")
+def plot_fidelity(rows: dict, title: str, path: str) -> None:
+    """Gradient fidelity per arm over training: cos(g_arm, g_on) and ‖g_arm − g_on‖/‖g_on‖, one line per seed;
+    dotted: the cosine between two independent fp32 samples' gradients (the sampling-noise floor without coupling)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    seen = set()
+    for (arm, s), r in rows.items():
+        fid = [x for x in r if x.get("fidelity/cos") is not None]
+        if not fid:
+            continue
+        xs = [x["step"] for x in fid]
+        axes[0].plot(xs, [x["fidelity/cos"] for x in fid], "o-", ms=3, color=COLORS[arm], alpha=0.8,
+                     label=arm if arm not in seen else None)
+        axes[0].plot(xs, [x["fidelity/cos_resample"] for x in fid], ":", color=COLORS[arm], alpha=0.5)
+        axes[1].plot(xs, [x["fidelity/rel_err"] for x in fid], "o-", ms=3, color=COLORS[arm], alpha=0.8,
+                     label=arm if arm not in seen else None)
+        seen.add(arm)
+    axes[0].set_title("cos(g_arm, g_on-policy)  (dotted: two independent fp32 samples)")
+    axes[1].set_title("‖g_arm − g_on‖ / ‖g_on‖")
+    axes[1].set_yscale("symlog", linthresh=0.1)
     for ax in axes:
-        ax.set_xlabel("rollout precision (mismatch dial)")
-        ax.legend()
+        ax.set_xlabel("step")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "dose.png"), dpi=110)
-    return "\n".join(table), data
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
-def main():
-    args = parse_args()
+def headline(args, t0: float) -> None:
+    cells = [(arm, s, args.rollout_dtype, None) for arm in args.arms for s in args.seeds]
+    raw = sweep(args, cells, args.steps, args.runs_dir)
+    rows = {(arm, s): raw[arm, s, args.rollout_dtype, None] for arm, s, _, _ in cells}
+    summ = {k: run_summary(v) for k, v in rows.items()}
+    table = headline_table(summ, args.arms)
+    print(table)
+    setting = f"`{args.common} --steps {args.steps}`; D = {args.rollout_dtype}"
+    plot_runs(rows, f"every arm: {args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, "
+                    f"oracle fp32; seeds {args.seeds}", os.path.join(args.out, "collapse.png"))
+    plot_fidelity(rows, f"{args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, oracle fp32",
+                  os.path.join(args.out, "fidelity.png"))
+    write_results(os.path.join(args.out, "collapse.json"),
+                  dict(rule=RULE, rule_text=RULE_TEXT, common=args.common, steps=args.steps,
+                       rollout_dtype=args.rollout_dtype, arms={a: ARMS[a] for a in args.arms},
+                       runs={f"{a}-s{s}": m for (a, s), m in summ.items()}), t0=t0,
+                  md=f"Collapse rule (fixed before any run): {RULE_TEXT}.\n\nEvery arm: {setting}; arms differ only "
+                     f"in --replay / --rollout-dtype (oracle: fp32).\n\n{table}")
+
+
+def phase(args, t0: float) -> None:
+    steps = args.phase_steps or args.steps
+    cells = [(arm, s, d, lr) for lr in args.phase_lrs for d in args.phase_dtypes for arm in args.arms
+             for s in args.phase_seeds]
+    # a phase at another horizon keeps its runs apart (a run folder belongs to one command line)
+    raw = sweep(args, cells, steps, args.runs_dir if steps == args.steps
+                else os.path.join(args.runs_dir, f"phase{steps}"))
+    data = {}
+    for lr in args.phase_lrs:
+        for d in args.phase_dtypes:
+            for arm in args.arms:
+                ms = [run_summary(raw[arm, s, d, lr]) for s in args.phase_seeds]
+                data[f"{arm}|{d}|{lr:g}"] = dict(
+                    arm=arm, dtype=d if arm != "oracle" else "fp32", lr=lr,
+                    collapse_rate=sum(m["collapse_step"] is not None for m in ms) / len(ms),
+                    collapse_steps=[m["collapse_step"] for m in ms],
+                    final_reward=sum(m["final_reward"] for m in ms) / len(ms),
+                    mean_kl=sum(m["mean_kl"] for m in ms) / len(ms),
+                    max_grad_norm=max(m["max_grad_norm"] for m in ms))
+    table = ["| lr | rollout | arm | collapse rate | collapse steps | mean final reward | mean kl | max grad norm |",
+             "|---|---|---|---|---|---|---|---|"]
+    for d_ in data.values():
+        table.append(f"| {d_['lr']:g} | {d_['dtype']} | {d_['arm']} | {d_['collapse_rate']:.0%} | "
+                     f"{d_['collapse_steps']} | {d_['final_reward']:.3f} | {d_['mean_kl']:.2e} | "
+                     f"{d_['max_grad_norm']:.3g} |")
+    table = "\n".join(table)
+    print(table)
+    plot_phase(args, data, os.path.join(args.out, "phase.png"))
+    write_results(os.path.join(args.out, "phase.json"),
+                  dict(rule=RULE, rule_text=RULE_TEXT, common=args.common, steps=steps, seeds=args.phase_seeds,
+                       cells=data), t0=t0,
+                  md=f"Collapse rule: {RULE_TEXT}.\n\nEvery run: `{with_lr(args.common, None)} --steps {steps}` "
+                     f"with --lr and the rollout precision of its cell (oracle: fp32 in every column); seeds "
+                     f"{args.phase_seeds}.\n\n{table}")
+
+
+def plot_phase(args, data: dict, path: str) -> None:
+    fig, axes = plt.subplots(1, len(args.arms), figsize=(4.2 * len(args.arms), 3.6), squeeze=False)
+    for ax, arm in zip(axes[0], args.arms):
+        grid = [[data[f"{arm}|{d}|{lr:g}"]["collapse_rate"] for d in args.phase_dtypes] for lr in args.phase_lrs]
+        ax.imshow(grid, vmin=0, vmax=1, cmap="Reds", aspect="auto", origin="lower")
+        for i, lr in enumerate(args.phase_lrs):
+            for j, d in enumerate(args.phase_dtypes):
+                c = data[f"{arm}|{d}|{lr:g}"]
+                ax.text(j, i, f"{c['collapse_rate']:.0%}\nR {c['final_reward']:.2f}", ha="center", va="center",
+                        fontsize=8, color="white" if c["collapse_rate"] > 0.5 else "black")
+        ax.set_xticks(range(len(args.phase_dtypes)), args.phase_dtypes if arm != "oracle"
+                      else [f"(fp32)\n{d} col." for d in args.phase_dtypes], fontsize=8)
+        ax.set_yticks(range(len(args.phase_lrs)), [f"{lr:g}" for lr in args.phase_lrs])
+        ax.set_xlabel("rollout precision")
+        ax.set_ylabel("learning rate")
+        ax.set_title(f"{arm}: collapse rate ({len(args.phase_seeds)} seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    print(f"every arm: train.py {args.common} --mini-steps {args.mini_steps} --steps {args.steps} "
-          f"--rollout-dtype D --seed S --replay ARM")
-    table, data = headline(args, sweep(args, args.rollout_dtype, args.seeds))
-    print(table)
-    write_results(os.path.join(args.out, "collapse.json"),
-                  dict(common=args.common, steps=args.steps, rollout_dtype=args.rollout_dtype, runs=data), t0=t0,
-                  md=f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps} "
-                     f"--rollout-dtype {args.rollout_dtype}`; arms differ only in --replay\n\n{table}")
-    if args.dose:
-        table, data = dose(args)
-        print(table)
-        write_results(os.path.join(args.out, "dose.json"), data, t0=t0,
-                      md=f"common flags: `{args.common} --mini-steps {args.mini_steps} --steps {args.steps}`; seeds "
-                         f"{args.dose_seeds}\n\n{table}")
-    print(f"wrote {args.out}/collapse.(md|json|png){' and dose.*' if args.dose else ''} in {time.time() - t0:.0f}s")
+    print(f"collapse rule (pre-registered): {RULE_TEXT}")
+    print(f"every arm: train.py {args.common} --steps {args.steps} --seed S, then none: --replay none "
+          f"--rollout-dtype {args.rollout_dtype} | r3: --replay r3 --rollout-dtype {args.rollout_dtype} | "
+          f"oracle: --replay none --rollout-dtype fp32")
+    headline(args, t0)
+    if args.phase:
+        phase(args, t0)
+    print(f"wrote {args.out}/collapse.(md|json|png){' and phase.*' if args.phase else ''} in {time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 
 from experiments.common import fmt, markdown_table, write_results
 from r3.collect import rollout
+from r3.engine import ROLLOUT_DTYPES
 from r3.metrics import kl_k3
 from r3.model import PRESETS
 from r3.score import old_policy_pass
@@ -44,7 +45,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--presets", nargs="+", default=["toy"], choices=sorted(PRESETS), help="model presets")
-    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp8"], choices=["fp32", "bf16", "fp16", "fp8"],
+    p.add_argument("--dtypes", nargs="+", default=["bf16", "fp16", "fp8"], choices=sorted(ROLLOUT_DTYPES),
                    help="rollout precisions, one table each (the trainer is always fp32)")
     p.add_argument("--task", default="sort", help="toy task used for the warm-up and the prompts")
     p.add_argument("--prompts", type=int, default=512, help="prompts per (preset, precision)")

@@ -2,7 +2,8 @@
 
 Used by experiments/collapse.py and experiments/ablations.py. Every arm is one `train.py` command line; arms of one
 ablation share every flag but the one under study. A sweep resumes: finished runs are skipped, partial ones are
-continued with `--resume` (which is bit-identical on CPU).
+continued with `--resume` (which is bit-identical on CPU). The same flags with a larger --steps extend finished runs to
+the longer horizon; any other change of flags is refused.
 """
 import json
 import os
@@ -50,9 +51,12 @@ def run_all(runs: list[tuple[str, list[str]]], *, steps: int, jobs: int = 2, log
         if os.path.exists(flags_path):
             with open(flags_path) as f:
                 old = json.load(f)
-            if old != [*args, "--steps", str(steps)]:
+            if old[:-1] != [*args, "--steps"] or int(old[-1]) > steps:
                 raise RuntimeError(f"{out} was run with different flags:\n  {' '.join(old)}\nnot\n  "
                                    f"{' '.join(args)} --steps {steps}\nchoose another --runs-dir or remove it")
+            if int(old[-1]) < steps:  # a longer horizon extends the run (train.py --resume continues it exactly)
+                with open(flags_path, "w") as f:
+                    json.dump([*args, "--steps", str(steps)], f)
         else:
             os.makedirs(out, exist_ok=True)
             with open(flags_path, "w") as f:

@@ -55,7 +55,8 @@ class SamplingConfig:
     prompts_per_step: int = flag(16, "prompts per step (rollout.py: prompts in the batch)", domain=INT_GE1,
                                  alias="--num-prompts")
     group_size: int = flag(8, "samples per prompt (the GRPO group size G)", domain=INT_GE1)
-    rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8 = simulated e4m3 weights",
+    rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8, fp8-channel, fp8-router, int4, "
+                                      "fp4, mxfp4 = simulated low-bit serving weights (r3/quant.py)",
                               choices=sorted(ROLLOUT_DTYPES))
     temperature: float = flag(1.0, "sampling temperature (the trainer scores at the same)", domain=POSITIVE)
     top_p: float = flag(1.0, "nucleus sampling threshold (1 = off)", domain=PROB)
@@ -88,6 +89,9 @@ class TrainConfig(SamplingConfig):
     loss: str = flag("grpo", "policy loss (see r3/grpo.py)", choices=["grpo", "dr_grpo", "gspo"])
     clip_low: float | None = flag(None, "clip ε low (default 0.2; gspo 3e-4)", domain=NONNEG)
     clip_high: float | None = flag(None, "clip ε high (default 0.28; gspo 4e-4)", domain=NONNEG)
+    old_logp: str = flag("trainer", "π_old in the PPO ratio: trainer (the fp32 old-policy pass, the default) or "
+                                    "engine (the rollout engine's log-probs, as slime can: the ratio then carries the "
+                                    "whole train/inference mismatch)", choices=["trainer", "engine"])
     is_correction: str = flag("none", "rollout-vs-train importance correction (tis truncates at C; icepop/mis "
                                       "mask outside [1/C, C])", choices=["none", "tis", "icepop", "mis"])
     is_cap: float = flag(2.0, "C for --is-correction", domain=AT_LEAST_1)
@@ -105,6 +109,10 @@ class TrainConfig(SamplingConfig):
     val_every: int = flag(25, "every N steps log val/kl: normal vs replayed train forward on held-out rollouts "
                               "(0 = never)", domain=INT_GE0)
     val_prompts: int = flag(32, "held-out prompts for val/kl", domain=INT_GE1)
+    fidelity_every: int = flag(0, "every N steps log fidelity/cos and fidelity/rel_err: the arm's first-mini-step "
+                                  "gradient vs the on-policy gradient from an fp32 engine, same prompts and weights, "
+                                  "coupled sampling (r3/fidelity.py; changes no other metric; 0 = never)",
+                               domain=INT_GE0)
     on_collapse: str = flag("continue", "when the collapse guard fires: save a checkpoint, log the symptom, then "
                                         "stop or continue", choices=["stop", "continue"])
     guard_reward_drop: float = flag(0.3, "guard: reward EMA this far below its running peak", domain=POSITIVE)
@@ -149,6 +157,9 @@ class TrainConfig(SamplingConfig):
                              f"{', '.join(RUN_DEFINING)}")
         if self.eval_task and not (self.eval_task.startswith("jsonl:") and jsonl):
             raise ValueError("--eval-task takes jsonl:FILE, with a jsonl --task (the toy tasks hold out their own)")
+        if self.fidelity_every and (self.engine != "local" or self.rollouts or self.model):
+            raise ValueError("--fidelity-every needs the in-process engine on a toy preset (it samples with a second, "
+                             "fp32 engine)")
         if self.group_size < 2:
             raise ValueError("--group-size must be >= 2: GRPO advantages need a group")
         if self.dense and self.replay != "none":
@@ -193,8 +204,8 @@ class TrainConfig(SamplingConfig):
 # The fields that define a run: a --resume that changes one is refused unless --allow-change names it.
 RUN_DEFINING = ("preset", "model", "dense", "task", "warmup_steps", "seed", "init_seed", "prompts_per_step",
                 "group_size", "rollout_dtype", "temperature", "top_p", "max_new_tokens", "replay", "lr", "lr_warmup",
-                "grad_clip", "mini_steps", "loss", "clip_low", "clip_high", "is_correction", "is_cap", "engine",
-                "rollouts", "shards", "logprob_chunk", "guard_reward_drop", "guard_kl_max", "on_collapse")
+                "grad_clip", "mini_steps", "loss", "old_logp", "clip_low", "clip_high", "is_correction", "is_cap",
+                "engine", "rollouts", "shards", "logprob_chunk", "guard_reward_drop", "guard_kl_max", "on_collapse")
 
 
 @dataclass(frozen=True)

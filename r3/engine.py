@@ -8,6 +8,8 @@ Here the difference is made the way it arises there, never by injected noise:
   fp8   simulated FP8 serving: every matmul weight (attention projections, experts, lm_head) quantised to e4m3
         with one scale per tensor (per expert for the stacked experts), dequantised, and computed in bf16.
         The router, norms and embeddings stay bf16, as fp8 checkpoints usually keep them.
+  fp8-channel, fp8-router, int4, fp4 (NVFP4), mxfp4: the other low-bit serving formats, each a weight round trip
+        computed in bf16; their error models are in `r3/quant.py`.
 
 `generate` prefills each prompt once, expands its KV cache (and the routes stored with it) to the G samples of
 its GRPO group, then decodes one token at a time. It returns a `Batch` whose `routes` hold, for every fed
@@ -22,21 +24,11 @@ import torch
 from r3.batch import Batch
 from r3.model import Attention, KVCache, Transformer
 from r3.moe import Experts
+from r3.quant import FORMATS, FP8_MAX, fake_quant_e4m3, is_matmul_weight, quantise  # noqa: F401 (re-exported)
 
-ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-def fake_quant_e4m3(w: torch.Tensor) -> torch.Tensor:
-    """Round-trip through float8_e4m3fn with a per-tensor scale (per leading index for stacked [E, ., .])."""
-    dims = tuple(range(1, w.dim())) if w.dim() == 3 else tuple(range(w.dim()))
-    scale = w.float().abs().amax(dim=dims, keepdim=True).clamp(min=1e-12) / FP8_MAX
-    return ((w.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(w.dtype)
-
-
-def _is_fp8_weight(name: str) -> bool:
-    """Matmul weights that fp8 serving quantises; router (`mlp.gate.`), norms and embeddings are kept."""
-    return name.endswith("_proj.weight") or name.endswith("_proj") or name == "lm_head.weight"
+ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+                  **{fmt: torch.bfloat16 for fmt in FORMATS}}  # low-bit formats: dequantised weights, bf16 compute
+_is_fp8_weight = is_matmul_weight  # the old name
 
 
 class Engine:
@@ -55,11 +47,12 @@ class Engine:
 
     @torch.no_grad()
     def sync(self, model: Transformer) -> None:
-        """Weight sync trainer → engine: cast (and quantise, for fp8) the trainer's current weights."""
+        """Weight sync trainer → engine: cast (and quantise, for the low-bit formats) the trainer's current
+        weights."""
         src = dict(model.named_parameters())
         for name, p in self.model.named_parameters():
             w = src[name].detach().to(self.dtype)
-            p.copy_(fake_quant_e4m3(w) if self.dtype_name == "fp8" and _is_fp8_weight(name) else w)
+            p.copy_(quantise(self.dtype_name, name, w) if self.dtype_name in FORMATS else w)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int, eos_ids: tuple[int, ...], pad_id: int,

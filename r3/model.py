@@ -56,6 +56,11 @@ PRESETS = {
     "toy": ModelConfig(),
     "toy-wide": ModelConfig(hidden_size=128, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
                             moe_intermediate_size=96, num_experts=16),
+    # Qwen3-30B-A3B's routing shape at toy width: many small experts, top-8 of 64 (Qwen3: 128), norm_topk_prob,
+    # 6 layers so a token can flip in several. Under an fp8 rollout ~7 % of routers flip (toy: ~1.5 %).
+    "qwen3-ratio": ModelConfig(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, moe_intermediate_size=16, num_experts=64, num_experts_per_tok=8,
+                               norm_topk_prob=True),
 }
 
 

@@ -1,6 +1,7 @@
-"""What this proves: the collapse sweep runs every (arm, seed) with identical flags but --replay, writes its table
-(with a held-out accuracy column and the provenance line), JSON and figure, resumes (finished runs are skipped),
-and refuses to reuse a run folder made with other flags."""
+"""What this proves: the collapse protocol runs every (arm, seed) of none / r3 / oracle with identical flags but
+--replay and --rollout-dtype, prints its pre-registered rule, writes its table (held-out accuracy and fidelity
+columns, provenance line), JSON (runs keyed ARM-sSEED with collapse_step) and figure, resumes (finished runs are
+skipped), refuses to reuse a run folder made with other flags, draws the phase diagram, and applies the rule."""
 import json
 import os
 import subprocess
@@ -23,21 +24,50 @@ def test_collapse_sweep_writes_table_and_resumes(tmp_path):
     r = collapse(tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "collapse.json").read_text())
-    assert sorted(data["runs"]) == ["none-s0", "none-s1", "r3-s0", "r3-s1"]
-    assert all(0 <= m["heldout_accuracy"] <= 1 for m in data["runs"].values())  # the held-out column
+    assert sorted(data["runs"]) == ["none-s0", "none-s1", "oracle-s0", "oracle-s1", "r3-s0", "r3-s1"]
+    assert all(0 <= m["heldout_accuracy"] <= 1 and "collapse_step" in m for m in data["runs"].values())
+    assert "collapse rule (pre-registered)" in r.stdout and data["rule"]["reward_drop"] == 0.3
     assert {"commit", "dirty", "torch", "command"} <= set(data["provenance"])
     md = (tmp_path / "out" / "collapse.md").read_text()
     assert "held-out acc" in md and "torch" in md.splitlines()[-1]
     assert (tmp_path / "out" / "collapse.png").stat().st_size > 10_000
-    assert "| none | 0 |" in r.stdout and "| r3 | 1 |" in r.stdout
-    for arm in ("none", "r3"):  # the arms differ only in --replay
-        flags = json.loads((tmp_path / "runs" / f"fp8-grpo-none-{arm}-m4-s0" / "sweep_flags.json").read_text())
-        other = json.loads((tmp_path / "runs" / "fp8-grpo-none-none-m4-s0" / "sweep_flags.json").read_text())
-        i = flags.index("--replay")
-        assert flags[:i] + flags[i + 2:] == other[:i] + other[i + 2:]
+    assert "| none | 0 |" in r.stdout and "| r3 | 1 |" in r.stdout and "| oracle | 1 |" in r.stdout
+    base = json.loads((tmp_path / "runs" / "none-fp8-router-s0" / "sweep_flags.json").read_text())
+    for run in ("r3-fp8-router-s0", "oracle-fp32-s0"):  # the arms differ only in --replay / --rollout-dtype
+        flags = json.loads((tmp_path / "runs" / run / "sweep_flags.json").read_text())
+        diff = [(a, b) for a, b in zip(flags, base) if a != b]
+        assert len(flags) == len(base) and {b for _, b in diff} <= {"none", "fp8-router"}, diff
     r = collapse(tmp_path)
-    assert r.returncode == 0 and "4 of 4 runs already finished" in r.stdout
+    assert r.returncode == 0 and "6 of 6 runs already finished" in r.stdout
+    r = subprocess.run([*r.args[:r.args.index("--steps") + 1], "4", *r.args[r.args.index("--steps") + 2:]],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=400, env=ENV)  # a longer horizon
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert all(len(open(tmp_path / "runs" / d / "metrics.jsonl").readlines()) == 4
+               for d in os.listdir(tmp_path / "runs") if d != "logs")
     r = subprocess.run([sys.executable, "-m", "experiments.collapse", "--seeds", "0", "--steps",
                         "3", "--common", TINY + " --lr 1e-2", "--runs-dir", "runs", "--out", "out"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=400, env=ENV)
     assert r.returncode != 0 and "different flags" in r.stderr
+
+
+def test_phase_diagram_and_rule(tmp_path):
+    r = collapse(tmp_path, "--phase", "--phase-lrs", "3e-4", "1e-3", "--phase-dtypes", "bf16", "fp8",
+                 "--phase-seeds", "0", "--seeds", "0")
+    assert r.returncode == 0, r.stderr[-3000:]
+    cells = json.loads((tmp_path / "out" / "phase.json").read_text())["cells"]
+    assert len(cells) == 2 * 2 * 3 and all(0 <= c["collapse_rate"] <= 1 for c in cells.values())
+    assert (tmp_path / "out" / "phase.png").stat().st_size > 10_000
+    runs = os.listdir(tmp_path / "runs")  # the oracle is shared across precision columns
+    assert sum(x.startswith("oracle") for x in runs) == 1 + 2  # the headline run + one per lr
+
+
+def test_collapse_rule():
+    from experiments.collapse import collapse_step
+    row = lambda s, rew, **kw: dict(step=s, reward=rew, loss=0.0, grad_norm=1.0, **kw)  # noqa: E731
+    assert collapse_step([row(s, 0.8) for s in range(50)]) == (None, None)
+    steps = [row(s, 0.8) for s in range(20)] + [row(s, 0.0) for s in range(20, 60)]
+    step, why = collapse_step(steps)
+    assert why == "reward_drop" and 20 < step < 30
+    evals = [row(0, 0.5, **{"eval/accuracy": 0.9}), row(1, 0.5, **{"eval/accuracy": 0.55})]
+    assert collapse_step(evals) == (1, "heldout_drop")
+    assert collapse_step([row(0, 0.5), dict(row(1, 0.5), grad_norm=float("nan"))]) == (1, "nonfinite")

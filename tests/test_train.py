@@ -134,3 +134,22 @@ def test_replay_modes_route_the_update_as_documented(tmp_path):
     none0, r30 = rows["none"][0], rows["r3"][0]
     assert none0["reward"] == r30["reward"] and none0["router_flip_rate"] == r30["router_flip_rate"] > 0
     assert r30["kl"] < none0["kl"]
+
+
+def test_fidelity_changes_no_other_metric_and_is_exact_for_an_fp32_arm(tmp_path):
+    """--fidelity-every logs fidelity/* and leaves every other metric and the weights bit-identical; an arm with an
+    fp32 engine and no replay takes exactly the on-policy gradient (cos 1, rel_err 0)."""
+    base = [*TINY, "--r3", "--rollout-dtype", "fp8"]
+    assert run([*base, "--out", "off"], tmp_path).returncode == 0
+    r = run([*base, "--fidelity-every", "2", "--out", "on"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    strip = lambda rows: [{k: v for k, v in m.items() if k != "step_time" and not k.startswith("fidelity/")}  # noqa
+                          for m in rows]
+    on = metrics(tmp_path / "on" / "metrics.jsonl")
+    assert strip(on) == strip(metrics(tmp_path / "off" / "metrics.jsonl"))
+    assert [("fidelity/cos" in m) for m in on] == [True, False, True, False]
+    assert -1 <= on[0]["fidelity/cos"] <= 1 and on[0]["fidelity/rel_err"] >= 0
+    r = run([*TINY, "--rollout-dtype", "fp32", "--fidelity-every", "2", "--out", "oracle"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = metrics(tmp_path / "oracle" / "metrics.jsonl")[0]
+    assert m["fidelity/rel_err"] == 0 and abs(m["fidelity/cos"] - 1) < 1e-9 and m["fidelity/same_rows"] == 1
