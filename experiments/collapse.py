@@ -185,6 +185,10 @@ def plot_runs(rows: dict, title: str, path: str) -> None:
         if log:
             ax.set_yscale("log")
         ax.legend(fontsize=8)
+    save_figure(fig, title, path)
+
+
+def save_figure(fig, title: str, path: str) -> None:
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -213,10 +217,7 @@ def plot_fidelity(rows: dict, title: str, path: str) -> None:
     for ax in axes:
         ax.set_xlabel("step")
         ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, path)
 
 
 def headline(args, t0: float) -> None:
