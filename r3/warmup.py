@@ -9,6 +9,7 @@ read anyway (truncated, corrupt, another model) is reported by path and rebuilt.
 for rollout.py and the experiments: a preset (warmed up) or a safetensors checkpoint.
 """
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -62,26 +63,33 @@ def supervised_warmup(model: Transformer, task: Task, *, steps: int, batch_size:
 def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int, seed: int = 0,
                     batch_size: int = 64, lr: float = 3e-3, cache_dir: str = ".cache/warmup",
                     progress: bool = True) -> tuple[Transformer, str]:
-    """Build `cfg` from `seed`, warm it up on `task` (or load the cached result). Returns (model, path)."""
+    """Build `cfg` from `seed`, warm it up on `task` (or load the cached result). Returns (model, path).
+
+    Arms of a sweep start in parallel and share the cache: a lock on `PATH.lock` makes the first build it while the
+    others wait, then load it (two writers of one cache file would race on its temporary file)."""
     key = json.dumps(dict(cfg=dataclasses.asdict(cfg), task=task_spec, steps=steps, seed=seed,
                           batch_size=batch_size, lr=lr, v=2), sort_keys=True)  # v2: 1 thread
     path = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors")
-    model = build_model(cfg, seed)
-    if os.path.exists(path):
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or by the OS if this process dies
+        model = build_model(cfg, seed)
+        if os.path.exists(path):
+            try:
+                return load_weights(model, path), path
+            except ValueError as e:  # a cache is only a cache: rebuild it
+                print(f"warm-up cache {path} is unreadable ({e}); rebuilding it")
+                os.remove(path)
+                model = build_model(cfg, seed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the result must not depend on the machine: MoE routing amplifies reduction order
         try:
-            return load_weights(model, path), path
-        except ValueError as e:  # a cache is only a cache: rebuild it
-            print(f"warm-up cache {path} is unreadable ({e}); rebuilding it")
-            os.remove(path)
-            model = build_model(cfg, seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the result must not depend on the machine: MoE routing amplifies reduction order
-    try:
-        if steps > 0:
-            supervised_warmup(model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed, progress=progress)
-    finally:
-        torch.set_num_threads(threads)
-    save_weights(model, path, dict(key=json.loads(key)))
+            if steps > 0:
+                supervised_warmup(model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                                  progress=progress)
+        finally:
+            torch.set_num_threads(threads)
+        save_weights(model, path, dict(key=json.loads(key)))
     return model, path
 
 
