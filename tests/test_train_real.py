@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from conftest import GLOO_ABORT
 from r3.config import TrainConfig, parse
 from r3.hf import load_pretrained, save_pretrained
 from r3.model import ModelConfig, build_model
@@ -57,7 +58,10 @@ def train(args, cwd, nproc=1):
     launch = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                                   f"--nproc_per_node={nproc}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-    return subprocess.run(launch + [TRAIN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    r = subprocess.run(launch + [TRAIN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    if nproc > 1 and r.returncode != 0 and GLOO_ABORT in r.stderr:
+        r = subprocess.run(launch + [TRAIN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+    return r
 
 
 def metrics(path):
