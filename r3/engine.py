@@ -24,11 +24,10 @@ import torch
 from r3.batch import Batch
 from r3.model import Attention, KVCache, Transformer
 from r3.moe import Experts
-from r3.quant import FORMATS, FP8_MAX, fake_quant_e4m3, is_matmul_weight, quantise  # noqa: F401 (re-exported)
+from r3.quant import FORMATS, quantise
 
 ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                   **{fmt: torch.bfloat16 for fmt in FORMATS}}  # low-bit formats: dequantised weights, bf16 compute
-_is_fp8_weight = is_matmul_weight  # the old name
 
 
 class Engine:

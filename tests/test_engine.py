@@ -6,7 +6,8 @@ import copy
 import pytest
 import torch
 
-from r3.engine import Engine, fake_quant_e4m3, sample
+from r3.engine import Engine, sample
+from r3.quant import fake_quant_e4m3
 from r3.model import ModelConfig, build_model
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
