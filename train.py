@@ -42,14 +42,13 @@ from r3.io import atomic_write_json, read_jsonl
 from r3.jsonl_task import make_jsonl_task
 from r3.memory import format_plan, memory_plan
 from r3.metrics import kl_k3
-from r3.model import PRESETS
 from r3.plots import log_scalars, tensorboard_writer
 from r3.provenance import stamp
 from r3.remote import make_engine
 from r3.runfolder import RunFolder, RunFolderError, append_metrics, check_resume, check_steps, truncate_metrics
 from r3.score import OldPolicy, old_policy_pass, token_logp
 from r3.tasks import EOS, PAD, make_task
-from r3.warmup import warmed_up_model
+from r3.warmup import preset_config, warmed_up_model
 
 
 def main(argv=None):
@@ -383,7 +382,7 @@ def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device) -> 
         return Policy(model, make_rollout_engine(cfg, plain or model), plain, task, tok.eos_ids, tok.pad_id, heldout,
                       None)
     task = make_task(cfg.task)
-    model_cfg = PRESETS[cfg.preset].dense_twin() if cfg.dense else PRESETS[cfg.preset]
+    model_cfg = preset_config(cfg.preset, task, dense=cfg.dense)
     check_fits([task], model_cfg, cfg.max_new_tokens)  # before the warm-up caches weights for it
     model, warm_path = warmed_up_model(model_cfg, task, cfg.task, steps=cfg.warmup_steps, seed=cfg.model_seed)
     heldout = heldout_examples(task, cfg.eval_prompts) if cfg.eval_every else []
@@ -477,7 +476,7 @@ def dry_run(cfg: TrainConfig) -> None:
     if env_world and cfg.world_size and env_world != cfg.world_size:
         sys.exit(f"error: --world-size {cfg.world_size} disagrees with torchrun's WORLD_SIZE {env_world}")
     world = env_world or cfg.world_size or 1
-    model_cfg = load_config(cfg.model)[0] if cfg.model else PRESETS[cfg.preset]
+    model_cfg = load_config(cfg.model)[0] if cfg.model else preset_config(cfg.preset, make_task(cfg.task))
     model_cfg = model_cfg.dense_twin() if cfg.dense else model_cfg
     rows = math.ceil(cfg.prompts_per_step * cfg.group_size / cfg.num_shards(world) / cfg.mini_steps)
     plan = memory_plan(model_cfg, world, param_dtype=FSDP_PARAM_DTYPES[cfg.fsdp_param_dtype],

@@ -1,10 +1,11 @@
 """Ablations in the style of the paper's Table 1 and Zheng et al. (2512.01374), on the shared toy setting.
 
-  python -m experiments.ablations                       # 2 seeds, fp8 rollout, every arm below
+  python -m experiments.ablations                       # 2 seeds, fp8-router rollout, the DEFAULT_ARMS
 
-Arms (each pair that is compared differs in exactly one flag; everything else is experiments.sweep.COMMON):
-  GRPO, GRPO+TIS, GRPO+R3, GRPO+TIS+R3, GSPO, GSPO+R3      at --mini-steps 4
-  none / R2 / R3                                          at --mini-steps 1, 2 and 4
+Arms (each pair that is compared differs in exactly one flag; everything else is experiments.sweep.COMMON, the
+standard clipped update with the trainer's π_old, so that TIS / IcePop have a mismatch to correct):
+  GRPO, GRPO+TIS, GRPO+IcePop, GRPO+R3, GRPO+TIS+R3, GSPO, GSPO+R3, GRPO+R2   at --mini-steps 4 (the default set)
+  none / R2 / R3                                                             at --mini-steps 1 and 2 (--arms)
 Published orderings to compare with: GRPO+R3 > GRPO+TIS > GRPO; R2 beats R3 at 2 mini-steps, R3 beats R2 at >= 4.
 Writes OUT/ablations.{md,json,png}. Runs are shared with experiments/collapse.py (same folder, same flags).
 """
@@ -25,6 +26,7 @@ from r3.io import read_jsonl
 ARMS = {  # label: (replay, loss, is_correction, mini_steps)
     "GRPO": ("none", "grpo", "none", 4),
     "GRPO+TIS": ("none", "grpo", "tis", 4),
+    "GRPO+IcePop": ("none", "grpo", "icepop", 4),
     "GRPO+R3": ("r3", "grpo", "none", 4),
     "GRPO+TIS+R3": ("r3", "grpo", "tis", 4),
     "GSPO": ("none", "gspo", "none", 4),
@@ -38,6 +40,8 @@ ARMS = {  # label: (replay, loss, is_correction, mini_steps)
     "GRPO+R3 (2 mini-steps)": ("r3", "grpo", "none", 2),
 }
 
+DEFAULT_ARMS = [a for a in ARMS if "mini-step" not in a]
+
 
 def mean_of(xs):
     xs = [x for x in xs if x is not None]
@@ -47,10 +51,10 @@ def mean_of(xs):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds for every arm")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), metavar="ARM",
+    p.add_argument("--arms", nargs="+", default=DEFAULT_ARMS, choices=list(ARMS), metavar="ARM",
                    help=f"subset of: {', '.join(ARMS)}")
     p.add_argument("--steps", type=int, default=300, help="RL steps per run")
-    p.add_argument("--rollout-dtype", default="fp8", help="rollout precision for every arm")
+    p.add_argument("--rollout-dtype", default="fp8-router", help="rollout precision for every arm")
     p.add_argument("--common", default=COMMON, help="train.py flags shared by every arm")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     p.add_argument("--runs-dir", default=RUNS_DIR, help="where runs live (shared with collapse.py; reused)")

@@ -27,7 +27,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from experiments.sweep import run_all, summarize
+from experiments.sweep import COMMON, run_all, summarize
 from experiments.common import fmt, write_results
 from r3.guard import ema_series
 from r3.io import read_jsonl
@@ -37,28 +37,27 @@ RULE_TEXT = ("collapse = first step where reward EMA(0.9) <= running peak (after
              "accuracy <= its best so far - 0.3, or loss / grad norm non-finite")
 ARMS = {"none": ("none", None), "r3": ("r3", None), "oracle": ("none", "fp32")}  # arm: (replay, dtype override)
 COLORS = {"none": "tab:red", "r3": "tab:blue", "oracle": "tab:gray"}
-# The headline setting: the Qwen3-ratio preset with its most exposed update (the engine's log-probs as π_old, PPO
-# clipping and gradient clipping off), held-out accuracy and gradient fidelity logged. The same for every arm.
-HEADLINE = ("--preset qwen3-ratio --task sort:6-10 --warmup-steps 80 --prompts-per-step 16 --group-size 8 "
-            "--lr 3e-4 --old-logp engine --clip-low 1 --clip-high 1e6 --grad-clip inf --val-every 50 "
-            "--eval-every 50 --eval-prompts 128 --fidelity-every 25")
+# The headline setting: the toy on the cipher task (33-token responses, 80-token vocabulary; it climbs from 0 to
+# > 0.9 held-out accuracy) with the most exposed update: the engine's log-probs as π_old, PPO clipping and gradient
+# clipping off, held-out accuracy and gradient fidelity logged. The same for every arm.
+HEADLINE = COMMON + " --old-logp engine --clip-low 1 --clip-high 1e6 --grad-clip inf --fidelity-every 25"
 PHASE_LRS = (3e-4, 1e-3)
-PHASE_DTYPES = ("bf16", "fp8-router", "int4")
+PHASE_DTYPES = ("fp8-router", "int4")
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds (each arm runs every one)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms to run")
-    p.add_argument("--steps", type=int, default=300, help="RL steps per run")
+    p.add_argument("--steps", type=int, default=400, help="RL steps per run")
     p.add_argument("--rollout-dtype", default="fp8-router", help="rollout precision D of the none and r3 arms")
     p.add_argument("--common", default=HEADLINE, help="train.py flags shared by every arm")
     p.add_argument("--runs-dir", default=None, help="where runs live (default OUT/runs; reused, resumed)")
     p.add_argument("--phase", action="store_true", help="also the phase diagram over --phase-lrs x --phase-dtypes")
     p.add_argument("--phase-lrs", type=float, nargs="+", default=list(PHASE_LRS), help="phase: learning rates")
     p.add_argument("--phase-dtypes", nargs="+", default=list(PHASE_DTYPES), help="phase: rollout precisions")
-    p.add_argument("--phase-seeds", type=int, nargs="+", default=[0, 1], help="phase: seeds per cell")
-    p.add_argument("--phase-steps", type=int, default=None, help="phase: RL steps per run (default --steps)")
+    p.add_argument("--phase-seeds", type=int, nargs="+", default=[0], help="phase: seeds per cell")
+    p.add_argument("--phase-steps", type=int, default=200, help="phase: RL steps per run")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     p.add_argument("--out", default="results/collapse", help="output folder")
     args = p.parse_args(argv)

@@ -162,6 +162,9 @@ class TrainConfig(SamplingConfig):
                              "fp32 engine)")
         if self.group_size < 2:
             raise ValueError("--group-size must be >= 2: GRPO advantages need a group")
+        if self.is_correction != "none" and self.old_logp == "engine":
+            raise ValueError(f"--is-correction {self.is_correction} weighs tokens by π_old / π_engine, which is 1 "
+                             f"when --old-logp engine makes π_old the engine's: use --old-logp trainer")
         if self.dense and self.replay != "none":
             raise ValueError("--dense has no router, so there are no routes to replay: drop --r3/--replay")
         if self.engine != "local" and not self.engine.startswith(("sglang:http", "vllm:http")):

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-VOCAB = [str(d) for d in range(10)] + ["+", "=", "SORT", "REV", "<eos>", "<pad>"]
+BASE_VOCAB = [str(d) for d in range(10)] + ["+", "=", "SORT", "REV", "<eos>", "<pad>"]
+SYMBOLS = 64  # the cipher task's alphabet: ids 16..79, after the shared 16 (so EOS and PAD keep their ids)
+VOCAB = BASE_VOCAB + [f"s{i}" for i in range(SYMBOLS)]
 TOK = {s: i for i, s in enumerate(VOCAB)}
 EOS, PAD = TOK["<eos>"], TOK["<pad>"]
 EVAL_MOD = 16  # one prompt in 16 (by content hash) is held out for evaluation
@@ -48,6 +50,7 @@ class Example:
 
 class Task:
     name = "task"
+    vocab_size = len(BASE_VOCAB)  # the model's vocabulary must cover ids [0, vocab_size)
 
     def __init__(self, min_len: int, max_len: int):
         self.min_len, self.max_len = min_len, max_len
@@ -127,7 +130,24 @@ class Add(Task):
         return Example(a + [TOK["+"]] + b + [TOK["="]], [int(c) for c in str(s)])
 
 
-TASKS = {"sort": Sort, "reverse": Reverse, "add": Add}
+class Cipher(Task):
+    """A substitution cipher over 64 symbols: each symbol of the prompt maps through one fixed permutation PI.
+    Responses as long as the prompt (32 tokens and more), a vocabulary of 80, and a 64-entry table the experts
+    must hold: long, learnable, with a real tail of tokens to sample at low probability."""
+    name = "cipher"
+    vocab_size = len(VOCAB)
+    PI = torch.randperm(SYMBOLS, generator=torch.Generator().manual_seed(0)).tolist()
+    max_answer_len = property(lambda self: self.max_len)
+    max_prompt_len = property(lambda self: self.max_len + 1)
+
+    def example(self, g):
+        n = int(torch.randint(self.min_len, self.max_len + 1, (1,), generator=g))
+        s = torch.randint(0, SYMBOLS, (n,), generator=g).tolist()
+        first = len(BASE_VOCAB)
+        return Example([first + i for i in s] + [TOK["="]], [first + self.PI[i] for i in s])
+
+
+TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher}
 
 
 def make_task(spec: str) -> Task:
@@ -135,7 +155,7 @@ def make_task(spec: str) -> Task:
     name, _, rng = spec.partition(":")
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)} (optionally NAME:MIN-MAX)")
-    lo, hi = (6, 10) if name != "add" else (2, 4)
+    lo, hi = dict(add=(2, 4), cipher=(32, 32)).get(name, (6, 10))
     if rng:
         try:
             lo, hi = (int(x) for x in rng.split("-"))

@@ -23,6 +23,16 @@ from r3.model import PRESETS, ModelConfig, Transformer, build_model
 from r3.tasks import EOS, PAD, Task
 
 
+def preset_config(name: str, task: Task | None = None, *, dense: bool = False) -> ModelConfig:
+    """Preset `name` (its dense twin with `dense`), its vocabulary widened to cover `task`'s (cipher: 80 ids)."""
+    if name not in PRESETS:
+        raise SystemExit(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    cfg = PRESETS[name].dense_twin() if dense else PRESETS[name]
+    if task is not None and task.vocab_size > cfg.vocab_size:
+        cfg = dataclasses.replace(cfg, vocab_size=task.vocab_size)
+    return cfg
+
+
 def sft_tensors(examples, pad_id: int = PAD):
     """Prompt (left-padded) + answer + EOS (right-padded): tokens [B, T], valid [B, T], target mask [B, T-1]."""
     Lp = max(len(e.prompt) for e in examples)
@@ -103,9 +113,7 @@ def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, t
     Returns (model in fp32 eval mode, a one-line description of where it came from).
     """
     if path is None:
-        if spec not in PRESETS:
-            raise SystemExit(f"unknown preset {spec!r}; choose from {', '.join(PRESETS)}")
-        cfg = PRESETS[spec].dense_twin() if dense else PRESETS[spec]
+        cfg = preset_config(spec, task, dense=dense)
         if warmup_steps > 0:
             model, path = warmed_up_model(cfg, task, task_spec, steps=warmup_steps, seed=init_seed,
                                           cache_dir=cache_dir, progress=progress)
@@ -124,7 +132,7 @@ def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, t
     if cfg is None:
         if arch is None:
             raise SystemExit(f"{path}: no model config in the checkpoint metadata; pass --arch PRESET")
-        cfg = PRESETS[arch].dense_twin() if dense else PRESETS[arch]
+        cfg = preset_config(arch, task, dense=dense)
     if dense and not cfg.dense:
         raise SystemExit(f"{path} is an MoE checkpoint; --dense cannot turn it into the dense twin")
     return load_weights(Transformer(cfg), path).float().eval(), f"checkpoint {path}{' (dense)' if cfg.dense else ''}"
