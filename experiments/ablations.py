@@ -71,27 +71,30 @@ def main():
     run_all(list(runs.values()), steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"))
     rows = {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
 
-    lines = ["| arm | mean final reward | per seed | best reward (EMA) | held-out acc | collapsed | mean kl | max kl | "
-             "max grad norm |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | held-out acc (final) | per seed | mean reward over the run | final reward | collapsed | "
+             "mean kl | max kl | max grad norm |", "|---|---|---|---|---|---|---|---|---|"]
     data = {}
     for label in args.arms:
         ms = [summarize(rows[label, s]) for s in args.seeds]
+        held = [m["heldout_accuracy"] for m in ms]
         d = data[label] = dict(
-            final_reward=sum(m["final_reward"] for m in ms) / len(ms), per_seed=[m["final_reward"] for m in ms],
+            final_reward=sum(m["final_reward"] for m in ms) / len(ms), per_seed_reward=[m["final_reward"] for m in ms],
+            run_mean_reward=mean_of([sum(r["reward"] for r in rows[label, s]) / len(rows[label, s])
+                                     for s in args.seeds]),
             best_reward_ema=sum(m["best_reward_ema"] for m in ms) / len(ms),
             collapsed=sum(m["collapse_step"] is not None for m in ms), mean_kl=sum(m["mean_kl"] for m in ms) / len(ms),
             max_kl=max(m["max_kl"] for m in ms), max_grad_norm=max(m["max_grad_norm"] for m in ms),
-            heldout_accuracy=mean_of([m["heldout_accuracy"] for m in ms]))
-        held = "—" if d["heldout_accuracy"] is None else f"{d['heldout_accuracy']:.3f}"
-        lines.append(f"| {label} | {d['final_reward']:.3f} | {' / '.join(f'{x:.3f}' for x in d['per_seed'])} | "
-                     f"{d['best_reward_ema']:.3f} | {held} | {d['collapsed']} of {len(ms)} | {d['mean_kl']:.2e} | "
-                     f"{d['max_kl']:.2e} | {d['max_grad_norm']:.1f} |")
+            heldout_accuracy=mean_of(held), per_seed_heldout=held)
+        fmt3 = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+        lines.append(f"| {label} | {fmt3(d['heldout_accuracy'])} | {' / '.join(map(fmt3, held))} | "
+                     f"{d['run_mean_reward']:.3f} | {d['final_reward']:.3f} | {d['collapsed']} of {len(ms)} | "
+                     f"{d['mean_kl']:.2e} | {d['max_kl']:.2e} | {d['max_grad_norm']:.1f} |")
     table = "\n".join(lines)
     print(table)
     write_results(os.path.join(args.out, "ablations.json"),
                   dict(common=args.common, steps=args.steps, seeds=args.seeds, arms=data), t0=t0,
                   md=f"every arm: `{args.common} --steps {args.steps} --rollout-dtype {args.rollout_dtype}` plus its "
-                     f"own flags; seeds {args.seeds}; final reward = mean of the last 20 steps\n\n{table}")
+                     f"own flags; seeds {args.seeds}; final reward = mean of the last 20 steps; held-out acc = eval/accuracy (sampled) at the last step\n\n{table}")
 
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw=dict(width_ratios=[1.4, 1, 1]))
     for i, label in enumerate(args.arms):
@@ -103,16 +106,17 @@ def main():
     ys = range(len(args.arms))[::-1]
     for y, label in zip(ys, args.arms):  # bars: mean over seeds; dots: each seed
         d = data[label]
-        axes[1].barh(y, d["final_reward"], color="lightgray")
-        axes[1].plot(d["per_seed"], [y] * len(d["per_seed"]), "o", color="k", ms=3)
+        seeds = [x for x in d["per_seed_heldout"] if x is not None]
+        axes[1].barh(y, d["heldout_accuracy"] or 0.0, color="lightgray")
+        axes[1].plot(seeds, [y] * len(seeds), "o", color="k", ms=3)
         axes[2].barh(y, d["mean_kl"], color="lightsteelblue")
     for ax in axes[1:]:
         ax.set_yticks(list(ys), args.arms, fontsize=8)
-    axes[1].set_xlim(min(min(d["per_seed"]) for d in data.values()) - 0.05, 1.0)
+    axes[1].set_xlim(0, 1.0)
     axes[0].set_title("reward (EMA 0.9)")
     axes[0].set_xlabel("step")
     axes[0].legend(fontsize=7)
-    axes[1].set_title("final reward (bar: mean, dots: seeds)")
+    axes[1].set_title("final held-out accuracy, sampled (bar: mean, dots: seeds)")
     axes[2].set_title("mean mismatch kl over the run")
     axes[2].set_xscale("log")
     fig.tight_layout()

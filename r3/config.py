@@ -46,7 +46,8 @@ class SamplingConfig:
                                    "*.safetensors; train.py also needs its tokenizer.json and --task jsonl:FILE); "
                                    "rollout.py also takes a safetensors file written by r3.checkpoint.save_weights")
     dense: bool = flag(False, "the preset's dense twin (matched active parameters, no router, no routes)")
-    task: str = flag("sort", "toy task: sort | reverse | add, optionally NAME:MIN-MAX digits; or jsonl:FILE")
+    task: str = flag("cipher", "toy task: cipher | sort | reverse | add, optionally NAME:MIN-MAX (input length); "
+                             "or jsonl:FILE")
     warmup_steps: int = flag(80, "supervised warm-up steps for a preset before RL (cached and shared; 0 = random "
                                  "init)", domain=INT_GE0)
     seed: int = flag(0, "seed of the prompts and of sampling (and of init and warm-up, unless --init-seed)",
@@ -174,7 +175,7 @@ class TrainConfig(SamplingConfig):
             raise ValueError("--engine samples with a server: drop --rollouts / --dense (a server engine returns "
                              "routes for an MoE)")
         if self.model and not jsonl and not self.dry_run:
-            raise ValueError(f"--model needs --task jsonl:FILE: the toy task {self.task!r} has its own 16-token "
+            raise ValueError(f"--model needs --task jsonl:FILE: the toy task {self.task!r} has its own toy "
                              f"vocabulary, not the checkpoint's tokenizer")
         if jsonl and not self.model and not self.dry_run:
             raise ValueError(f"--task {self.task} needs --model PATH (a checkpoint with tokenizer.json): the toy "

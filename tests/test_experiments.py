@@ -52,7 +52,7 @@ def test_collapse_sweep_writes_table_and_resumes(tmp_path):
 
 def test_phase_diagram_and_rule(tmp_path):
     r = collapse(tmp_path, "--phase", "--phase-lrs", "3e-4", "1e-3", "--phase-dtypes", "bf16", "fp8",
-                 "--phase-seeds", "0", "--seeds", "0")
+                 "--phase-seeds", "0", "--seeds", "0", "--phase-steps", "3")  # the headline's horizon: runs shared
     assert r.returncode == 0, r.stderr[-3000:]
     cells = json.loads((tmp_path / "out" / "phase.json").read_text())["cells"]
     assert len(cells) == 2 * 2 * 3 and all(0 <= c["collapse_rate"] <= 1 for c in cells.values())
