@@ -141,8 +141,8 @@ class Experts(nn.Module):
         gate_ENI, up_ENI = gate_up_ENI.chunk(2, dim=-1)
         h_ENI = F.silu(gate_ENI.contiguous()) * up_ENI
         y_END = torch.bmm(h_ENI, self.down_proj.mT)
-        tokens_N1 = torch.arange(N, device=x_ND.device)[:, None]
-        return (y_END[ids_NK, tokens_N1] * gates_NK[..., None]).sum(1)
+        rows_NK = ids_NK * N + torch.arange(N, device=x_ND.device)[:, None]  # row (e, n) of y_END viewed [E·N, D]
+        return (y_END.view(E * N, D).index_select(0, rows_NK.view(-1)).view(N, K, D) * gates_NK[..., None]).sum(1)
 
 
 def _grouped_mm(x_PD: torch.Tensor, w_EOD: torch.Tensor, offs_E: torch.Tensor) -> torch.Tensor:
