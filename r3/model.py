@@ -71,10 +71,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's order: normalise in fp32, cast back, then multiply by the weight."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -185,21 +190,33 @@ class Attention(nn.Module):
             self.fuse_qkv_()
         return out
 
+    def _fused_qkv(self, x_BTD, cos, sin):
+        """q, k, v [B, heads, T, hd] from the fused matrix, q and k normed and rotated together as one
+        [B, T, H + Hkv, hd] tensor (one norm weight row per head): half the small ops of doing them apart, and the
+        same expression on every element, so the same numbers (tests/test_engine.py)."""
+        cfg = self.cfg
+        H, Hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        qk, v = F.linear(x_BTD, self.qkv_proj).unflatten(-1, (-1, hd)).split([H + Hkv, Hkv], 2)
+        w = torch.cat([self.q_norm.weight.expand(H, hd), self.k_norm.weight.expand(Hkv, hd)])
+        qk = rms_norm(qk, w, cfg.rms_norm_eps)
+        cos, sin = cos[:, :, None], sin[:, :, None]
+        q, k = (qk * cos + rotate_half(qk) * sin).split([H, Hkv], 2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
     def forward(self, x_BTD, cos, sin, mask, kv_cache: KVCache | None, layer: int):
         """`mask`: bool [B, 1, T, S] (True = may attend), [B, 1, 1, S] for one new position, or None = causal."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         if self.qkv_proj is None:
             q, k, v = self.q_proj(x_BTD), self.k_proj(x_BTD), self.v_proj(x_BTD)
+            q = self.q_norm(rearrange(q, "b t (h d) -> b h t d", d=cfg.head_dim))
+            k = self.k_norm(rearrange(k, "b t (h d) -> b h t d", d=cfg.head_dim))
+            v = rearrange(v, "b t (h d) -> b h t d", d=cfg.head_dim)
+            cos, sin = cos[:, None], sin[:, None]
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         else:
-            q, k, v = F.linear(x_BTD, self.qkv_proj).split(
-                [self.q_proj.weight.shape[0], self.k_proj.weight.shape[0], self.v_proj.weight.shape[0]], -1)
-        q = self.q_norm(rearrange(q, "b t (h d) -> b h t d", d=cfg.head_dim))
-        k = self.k_norm(rearrange(k, "b t (h d) -> b h t d", d=cfg.head_dim))
-        v = rearrange(v, "b t (h d) -> b h t d", d=cfg.head_dim)
-        cos, sin = cos[:, None], sin[:, None]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+            q, k, v = self._fused_qkv(x_BTD, cos, sin)
         if kv_cache is not None:
             start = kv_cache.length
             assert start + T <= kv_cache.max_len, f"KV cache full: {start} + {T} > {kv_cache.max_len}"
@@ -209,7 +226,7 @@ class Attention(nn.Module):
         Hkv = cfg.num_key_value_heads
         if T == 1:  # decode: [B, H, 1, hd] -> [B, Hkv, H / Hkv, hd], one key-padding mask row for all of them
             out = F.scaled_dot_product_attention(q.reshape(B, Hkv, -1, cfg.head_dim), k, v, attn_mask=mask)
-            out = out.reshape(B, cfg.num_attention_heads, 1, cfg.head_dim)
+            return self.o_proj(out.reshape(B, 1, -1))  # [B, Hkv, H / Hkv, hd] is already b t (h d) in memory
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return self.o_proj(rearrange(out, "b h t d -> b t (h d)"))

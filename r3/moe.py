@@ -16,6 +16,8 @@ CPU and GPU, with autograd): no host sync, no Python loop over experts, a backwa
 gradient once (linear in E), and `torch.compile(fullgraph=True)` traces it in bf16 (torch's tracing rule for
 grouped_mm takes bf16 only). Where grouped_mm cannot run (an older torch, fp64, row strides that are not a
 multiple of 16 bytes, fp32 under torch.compile) a per-expert loop does the same with one host sync.
+The rollout engine's copy (gate/up fused) runs a decode step's few tokens through every expert instead
+(`Experts._all_experts`): three large matmuls beat E tiny ones there, in bf16 (see `all_experts_is_cheaper`).
 The HF checkpoint loader stacks HF's per-expert weights into this layout.
 
 Shape suffixes:
@@ -106,6 +108,8 @@ class Experts(nn.Module):
         The sort, the per-expert offsets and the grouped matmuls stay on the device (no host sync). The K outputs
         of a token are put back in top-k order and summed (deterministic, unlike a scatter-add on a GPU).
         """
+        if self.gate_up_proj is not None and all_experts_is_cheaper(x_ND, self.gate_up_proj):
+            return self._all_experts(x_ND, ids_NK, gates_NK)
         N, K = ids_NK.shape
         E = self.gate_proj.shape[0]
         sorted_ids, order = ids_NK.reshape(-1).sort(stable=True)  # sorted pair p is flat pair order[p]
@@ -120,8 +124,25 @@ class Experts(nn.Module):
             gate_PI, up_PI = mm(x_PD, self.gate_up_proj, offs_E).chunk(2, dim=-1)
             h_PI = F.silu(gate_PI.contiguous()) * up_PI
         y_PD = mm(h_PI, self.down_proj, offs_E) * gates_NK.reshape(-1)[order, None]
-        y_NKD = torch.zeros_like(y_PD).index_copy(0, order, y_PD).view(N, K, y_PD.shape[1])  # (token, k) order
+        y_NKD = torch.empty_like(y_PD).index_copy(0, order, y_PD).view(N, K, y_PD.shape[1])  # (token, k) order
         return y_NKD.sum(1)
+
+    def _all_experts(self, x_ND: torch.Tensor, ids_NK: torch.Tensor, gates_NK: torch.Tensor) -> torch.Tensor:
+        """The same function for a few tokens (decode): every expert on every token, as one matmul for gate/up
+        (the fused [E·2I, D] weight) and one batched matmul for down, then each token's K outputs gathered.
+
+        E/K times the flops of the grouped path, but three large kernels in place of a sort, a searchsorted, two
+        grouped GEMMs of E tiny matmuls each and a scatter. Gates multiply after down and the K outputs are summed
+        in top-k order, as in the grouped path, so only the matmul kernels (not the expression) differ.
+        """
+        N, K = ids_NK.shape
+        E, I2, D = self.gate_up_proj.shape
+        gate_up_ENI = F.linear(x_ND, self.gate_up_proj.view(E * I2, D)).view(N, E, I2).transpose(0, 1)
+        gate_ENI, up_ENI = gate_up_ENI.chunk(2, dim=-1)
+        h_ENI = F.silu(gate_ENI.contiguous()) * up_ENI
+        y_END = torch.bmm(h_ENI, self.down_proj.mT)
+        rows_NK = ids_NK * N + torch.arange(N, device=x_ND.device)[:, None]  # row (e, n) of y_END viewed [E·N, D]
+        return (y_END.view(E * N, D).index_select(0, rows_NK.view(-1)).view(N, K, D) * gates_NK[..., None]).sum(1)
 
 
 def _grouped_mm(x_PD: torch.Tensor, w_EOD: torch.Tensor, offs_E: torch.Tensor) -> torch.Tensor:
@@ -149,6 +170,22 @@ def _grouped_mm_ok(x_PD: torch.Tensor, w_EOD: torch.Tensor) -> bool:
     if torch.compiler.is_compiling() and x_PD.dtype != torch.bfloat16:
         return False
     return all(n * x_PD.element_size() % 16 == 0 for n in w_EOD.shape[1:])
+
+
+# Most multiply-adds N·E·I·D per projection for which the engine's copy runs every expert on every token: at or below
+# it (decode steps; measured on one CPU thread: toy-wide at batch 64 is 1.3e7, qwen3-ratio at batch 8 is 2.5e7)
+# three large bf16 GEMMs beat the grouped path's E tiny ones and its bookkeeping, even at E/K times the flops
+# (qwen3-ratio at batch 64, 2.0e8, is a tie; a prefill is far above).
+ALL_EXPERTS_MAX_MACS = 2 ** 25
+
+
+def all_experts_is_cheaper(x_ND: torch.Tensor, w_EOD: torch.Tensor) -> bool:
+    """Only in bf16: on a CPU without native fp16, fp32 GEMMs (MKL) run at a quarter of bf16's rate (oneDNN) and
+    fp16 ones slower still, so E/K times the flops loses there (measured: 2-4x slower at batch 64)."""
+    if x_ND.dtype != torch.bfloat16:
+        return False
+    E, I2, D = w_EOD.shape
+    return x_ND.shape[0] * E * (I2 // 2) * D <= ALL_EXPERTS_MAX_MACS
 
 
 def experts_dense_reference(experts: Experts, x_ND: torch.Tensor, ids_NK: torch.Tensor,

@@ -1,7 +1,8 @@
 """What this proves: the grouped-GEMM expert path equals the dense reference (forward and the gradients of input,
 router and all three expert weights; fp32 and bf16; router top-k and replay; up to 128 experts, most of them
 without tokens), the per-expert loop fallback equals it too, its backward graph does not grow with the number of
-experts, and torch._dynamo traces one MoE block whole (no graph break, so no host sync)."""
+experts, torch._dynamo traces one MoE block whole (no graph break, so no host sync), and the engine's small-batch
+path (every expert on every token) computes the grouped path's function, taken only in bf16 under its size bound."""
 import copy
 
 import pytest
@@ -77,6 +78,28 @@ def test_shapes_grouped_mm_refuses_take_the_loop():
     x = torch.randn(25, 30)
     assert not moe_mod._grouped_mm_ok(x, m.experts.gate_proj)
     assert_close(grads(m, x, None, dense=False), grads(m, x, None, dense=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("E, K, N", [(8, 2, 40), (128, 8, 3)])
+def test_all_experts_path_equals_grouped_path(dtype, rtol, E, K, N):
+    """Same routes, same gates, same weights in the engine's dtype: only the matmul kernels differ (rounding)."""
+    m = block(E, K).to(dtype)
+    x = torch.randn(N, 32).to(dtype)
+    with torch.no_grad():
+        ids, gates = m.route(x)
+        grouped = m.experts(x, ids, gates)  # not fused: always the grouped path
+        got = m.experts.fuse_gate_up_()._all_experts(x, ids, gates)
+    assert_close([got], [grouped], rtol)
+
+
+def test_all_experts_path_is_taken_only_when_cheaper():
+    ex = block(16, 2, D=128, I=96).experts.fuse_gate_up_()
+    bf16, fp32 = torch.zeros(64, 128, dtype=torch.bfloat16), torch.zeros(64, 128)
+    assert moe_mod.all_experts_is_cheaper(bf16, ex.gate_up_proj)  # a decode step of toy-wide at batch 64
+    assert not moe_mod.all_experts_is_cheaper(fp32, ex.gate_up_proj)  # fp32 GEMMs are too slow for E/K x the flops
+    assert not moe_mod.all_experts_is_cheaper(fp32.half(), ex.gate_up_proj)  # fp16 ones too, on a CPU
+    assert not moe_mod.all_experts_is_cheaper(bf16.repeat(16, 1), ex.gate_up_proj)  # a prefill of 16 positions
 
 
 def test_no_tokens_at_all():
