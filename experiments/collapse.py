@@ -160,6 +160,22 @@ def headline_table(summ: dict, arms: list[str]) -> str:
     return "\n".join(lines)
 
 
+def paired_table(summ: dict, arms: list[str]) -> str:
+    """Seed by seed (the arms of a seed share its warm-up, prompts and sampling seed): final held-out accuracy, and
+    the step of a collapse if any."""
+    seeds = sorted({s for _, s in summ})
+    lines = ["| seed | " + " | ".join(f"{a}: held-out acc final (best)" for a in arms) + " |", "|---" * (len(arms) + 1)
+             + "|"]
+    for s in seeds:
+        cells = []
+        for a in arms:
+            m = summ.get((a, s))
+            c = "—" if m is None else f"{cell(m['heldout_accuracy'], '.2f')} ({cell(m['best_heldout_accuracy'], '.2f')})"
+            cells.append(c if m is None or m["collapse_step"] is None else c + f", collapsed @ {m['collapse_step']}")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 PANELS = (("reward", "reward (EMA 0.9)", False), ("eval/accuracy", "held-out accuracy (sampled)", False),
           ("kl", "mismatch kl (k3)", True), ("extreme_frac", "F(2)", False),
           ("grad_norm", "pre-clip grad norm", True), ("fidelity/cos", "fidelity: cos(g_arm, g_on-policy)", False))
@@ -224,7 +240,7 @@ def headline(args, t0: float) -> None:
     raw = sweep(args, cells, args.steps, args.runs_dir)
     rows = {(arm, s): raw[arm, s, args.rollout_dtype, None] for arm, s, _, _ in cells}
     summ = {k: run_summary(v) for k, v in rows.items()}
-    table = headline_table(summ, args.arms)
+    table = headline_table(summ, args.arms) + "\n\n" + paired_table(summ, args.arms)
     print(table)
     setting = f"`{args.common} --steps {args.steps}`; D = {args.rollout_dtype}"
     plot_runs(rows, f"every arm: {args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, "
