@@ -22,8 +22,8 @@ from r3.config import RolloutConfig, parse
 from r3.model import PRESETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARGS = ["--preset", "toy", "--warmup-steps", "0", "--num-prompts", "2", "--group-size", "2", "--max-new-tokens", "4",
-        "--no-mismatch", "--no-progress", "--threads", "1"]
+ARGS = ["--preset", "toy", "--task", "sort", "--warmup-steps", "0", "--num-prompts", "2", "--group-size", "2",
+        "--max-new-tokens", "4", "--no-mismatch", "--no-progress", "--threads", "1"]
 OS_CALLS = ("open", "replace", "rename", "fsync", "mkdir", "makedirs", "remove", "unlink", "rmdir", "close")
 
 
