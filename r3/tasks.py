@@ -8,9 +8,10 @@ and 64 more symbols s0 .. s63 (ids 16-79) for the one task that needs a vocabula
   cipher   x1 .. xn =        →  PI(x1) .. PI(xn), <eos>   (PI: one fixed permutation; default n = 32)
 A task's `vocab_size` is the vocabulary its model needs (`r3.warmup.preset_config` widens a preset to it).
 
-The cipher task is the headline setting's: a short supervised warm-up leaves the toy at 0 % held-out exact match
-(sampled), and RL climbs from there to > 90 % within a few hundred steps, sharpening its entropy by ~40x on the way,
-with 33-token responses over 64 symbols. The sort task, on the same toy, stays below 50 % after 1000 steps.
+The cipher task is the headline setting's (README, "The headline"): after 80 supervised warm-up steps the toy
+samples 0 % exact answers, and RL lifts held-out accuracy to 0.46-0.97 within 400 steps on the init seeds whose
+warm-up found the position-to-position copy, while its entropy falls from 3 to 0.1 nats per token. The sort task, on
+the same toy, stays below 50 % after 1000 steps.
 
 The reward is dense: the fraction of answer positions the response gets right (a response that is too long or too
 short is scored against the longer of the two), so GRPO groups have variance from the start. `info["exact"]` says
