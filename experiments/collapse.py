@@ -114,12 +114,20 @@ def sweep(args, cells: list[tuple[str, int, str, float | None]], steps: int, run
     return {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
 
 
+def fidelity_points(rows: list[dict]) -> list[dict]:
+    """Steps with a fidelity measurement that has a direction. Where either gradient was zero (every group's rewards
+    tied, as on a solved task), r3.fidelity now logs None; logs written before that hold cos 0 and a rel err of
+    |g| / 1e-30 there, and are skipped by the same rule."""
+    return [r for r in rows if r.get("fidelity/cos") is not None and r.get("fidelity/rel_err") is not None
+            and r.get("fidelity/grad_norm", 1.0) > 0 and r["fidelity/rel_err"] < 1e10]
+
+
 def run_summary(rows: list[dict]) -> dict:
     """summarize() plus the protocol's collapse step and the fidelity and held-out precursors."""
     m = summarize(rows)
     m["collapse_step"], m["collapse_reason"] = collapse_step(rows)
-    fid = [r for r in rows if r.get("fidelity/cos") is not None]
-    mean = lambda k: sum(r[k] for r in fid) / len(fid) if fid else None  # noqa: E731
+    fid = fidelity_points(rows)
+    mean = lambda k: (lambda v: sum(v) / len(v) if v else None)([r[k] for r in fid if r[k] is not None])  # noqa
     m.update(mean_fidelity_cos=mean("fidelity/cos"), mean_fidelity_rel_err=mean("fidelity/rel_err"),
              mean_fidelity_cos_resample=mean("fidelity/cos_resample"), mean_same_rows=mean("fidelity/same_rows"),
              mean_extreme_frac=sum(r["extreme_frac"] for r in rows) / len(rows),
@@ -186,7 +194,8 @@ def plot_runs(rows: dict, title: str, path: str) -> None:
     seen = set()
     for (arm, s), r in rows.items():
         for ax, (key, _, _) in zip(axes.flat, PANELS):
-            pts = [(x["step"], x[key]) for x in r if x.get(key) is not None and x[key] == x[key]]
+            src = fidelity_points(r) if key.startswith("fidelity/") else r
+            pts = [(x["step"], x[key]) for x in src if x.get(key) is not None and x[key] == x[key]]
             if not pts:
                 continue
             xs, ys = zip(*pts)
@@ -216,7 +225,7 @@ def plot_fidelity(rows: dict, title: str, path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     seen = set()
     for (arm, s), r in rows.items():
-        fid = [x for x in r if x.get("fidelity/cos") is not None]
+        fid = fidelity_points(r)
         if not fid:
             continue
         xs = [x["step"] for x in fid]

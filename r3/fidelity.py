@@ -47,9 +47,10 @@ def _pad_to(tok_BT: torch.Tensor, T: int, pad_id: int) -> torch.Tensor:
     return torch.nn.functional.pad(tok_BT, (0, max(0, T - tok_BT.shape[1])), value=pad_id)
 
 
-def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float | None:
+    """None when either gradient is zero (every group's rewards tied, as on a solved task): it has no direction."""
     a, b = a.double(), b.double()
-    return float(a @ b / (a.norm() * b.norm()).clamp(min=1e-30))
+    return None if a.norm() == 0 or b.norm() == 0 else float(a @ b / (a.norm() * b.norm()))
 
 
 def gradient_fidelity(model, engine, oracle, task, examples, *, replay: str, seed: int, sample_kw: dict,
@@ -62,7 +63,7 @@ def gradient_fidelity(model, engine, oracle, task, examples, *, replay: str, see
     g_on2, _ = arm_gradient(model, oracle, task, examples, replay="none", seed=seed + 7_919, **kw)
     same = float((_pad_to(tok_arm, tok_on.shape[1], sample_kw["pad_id"])
                   == _pad_to(tok_on, tok_arm.shape[1], sample_kw["pad_id"])).all(1).float().mean())
-    return {"fidelity/cos": _cos(g_arm, g_on),
-            "fidelity/rel_err": float((g_arm - g_on).norm() / g_on.norm().clamp(min=1e-30)),
+    cos = _cos(g_arm, g_on)
+    return {"fidelity/cos": cos, "fidelity/rel_err": None if cos is None else float((g_arm - g_on).norm() / g_on.norm()),
             "fidelity/same_rows": same, "fidelity/cos_resample": _cos(g_on, g_on2),
             "fidelity/grad_norm": float(g_arm.norm())}

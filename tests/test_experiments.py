@@ -71,3 +71,15 @@ def test_collapse_rule():
     evals = [row(0, 0.5, **{"eval/accuracy": 0.9}), row(1, 0.5, **{"eval/accuracy": 0.55})]
     assert collapse_step(evals) == (1, "heldout_drop")
     assert collapse_step([row(0, 0.5), dict(row(1, 0.5), grad_norm=float("nan"))]) == (1, "nonfinite")
+
+
+def test_fidelity_without_a_direction_is_none_and_skipped():
+    import torch
+    from experiments.collapse import fidelity_points
+    from r3.fidelity import _cos
+    assert _cos(torch.zeros(3), torch.ones(3)) is None and abs(_cos(torch.ones(3), torch.ones(3)) - 1) < 1e-12
+    rows = [{"fidelity/cos": 0.9, "fidelity/rel_err": 0.4, "fidelity/grad_norm": 2.0},
+            {"fidelity/cos": None, "fidelity/rel_err": None, "fidelity/grad_norm": 2.0},  # logged since the fix
+            {"fidelity/cos": 0.0, "fidelity/rel_err": 2e28, "fidelity/grad_norm": 2.0},  # g_on = 0, logged before it
+            {"fidelity/cos": 0.0, "fidelity/rel_err": 0.0, "fidelity/grad_norm": 0.0}, {}]  # g_arm = 0; no measure
+    assert fidelity_points(rows) == rows[:1]
