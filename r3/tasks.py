@@ -140,7 +140,7 @@ class Add(Task):
 
 class Cipher(Task):
     """A substitution cipher over 64 symbols: each symbol of the prompt maps through one fixed permutation PI.
-    Responses as long as the prompt (32 tokens and more), a vocabulary of 80, and a 64-entry table the experts
+    Responses as long as the prompt (32 symbols by default), a vocabulary of 80, and a 64-entry table the experts
     must hold: long, learnable, with a real tail of tokens to sample at low probability."""
     name = "cipher"
     vocab_size = len(VOCAB)
@@ -159,7 +159,7 @@ TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher}
 
 
 def make_task(spec: str) -> Task:
-    """'sort', 'reverse', 'add', optionally with a length range: 'sort:6-10'."""
+    """'cipher', 'sort', 'reverse', 'add', optionally with a length range: 'sort:6-10', 'cipher:32-32'."""
     name, _, rng = spec.partition(":")
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)} (optionally NAME:MIN-MAX)")
