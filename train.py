@@ -144,9 +144,8 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
     """One optimizer step on the rows `picked` from each shard; one loss normalisation over the whole step."""
     cfg, model = run.cfg, run.model
     kw = dict(loss=cfg.loss, is_correction=cfg.is_correction, is_cap=cfg.is_cap, max_len=run.max_new)
-    old_logp = (lambda r, o: o.logp) if cfg.old_logp == "trainer" else (lambda r, o: r.batch.rollout_logp)
-    dens = [loss_denominator(old_logp(r, o)[rows], r.batch.rollout_logp[rows], r.batch.loss_mask[rows], **kw)
-            for r, o, rows in picked]
+    dens = [loss_denominator(o.pi_old(r.batch, cfg.old_logp)[rows], r.batch.rollout_logp[rows],
+                             r.batch.loss_mask[rows], **kw) for r, o, rows in picked]
     denominator = None if run.num_shards == 1 else max(1.0, global_sum(sum(dens)))
     run.opt.zero_grad(set_to_none=True)
     loss_sum, parts = 0.0, []
@@ -155,9 +154,9 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
         replay = None if o.routes is None else o.routes[rows]  # R3: the engine's routes; R2: π_old's; none
         logp = token_logp(model, b.tokens[rows], b.attn_mask[rows], replay, temperature=cfg.temperature,
                           chunk=run.chunk).logp
-        loss, lm = policy_loss(logp, old_logp(r, o)[rows], r.adv[rows], b.loss_mask[rows], clip_low=cfg.clip_range[0],
-                               clip_high=cfg.clip_range[1], rollout_logp_BT=b.rollout_logp[rows],
-                               denominator=denominator, **kw)
+        loss, lm = policy_loss(logp, o.pi_old(b, cfg.old_logp)[rows], r.adv[rows], b.loss_mask[rows],
+                               clip_low=cfg.clip_range[0], clip_high=cfg.clip_range[1],
+                               rollout_logp_BT=b.rollout_logp[rows], denominator=denominator, **kw)
         (loss * run.world if run.world > 1 else loss).backward()  # FSDP averages grads over ranks: ×world = sum
         loss_sum += float(loss.detach())
         parts.append((lm, d))
@@ -476,8 +475,11 @@ def dry_run(cfg: TrainConfig) -> None:
     if env_world and cfg.world_size and env_world != cfg.world_size:
         sys.exit(f"error: --world-size {cfg.world_size} disagrees with torchrun's WORLD_SIZE {env_world}")
     world = env_world or cfg.world_size or 1
-    model_cfg = load_config(cfg.model)[0] if cfg.model else preset_config(cfg.preset, make_task(cfg.task))
-    model_cfg = model_cfg.dense_twin() if cfg.dense else model_cfg
+    if cfg.model:  # (--dense with --model is refused by the config)
+        model_cfg = load_config(cfg.model)[0]
+    else:  # a jsonl task has no toy vocabulary to widen the preset to
+        model_cfg = preset_config(cfg.preset, None if cfg.task.startswith("jsonl:") else make_task(cfg.task),
+                                  dense=cfg.dense)
     rows = math.ceil(cfg.prompts_per_step * cfg.group_size / cfg.num_shards(world) / cfg.mini_steps)
     plan = memory_plan(model_cfg, world, param_dtype=FSDP_PARAM_DTYPES[cfg.fsdp_param_dtype],
                        seq_len=cfg.plan_seq_len, micro_batch=rows, vocab_chunk=cfg.logprob_chunk or 1024,

@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from experiments.common import write_results
+from experiments.common import fmt, write_results
 from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
 from r3.guard import ema_series
 from r3.io import read_jsonl
@@ -85,8 +85,8 @@ def main():
             collapsed=sum(m["collapse_step"] is not None for m in ms), mean_kl=sum(m["mean_kl"] for m in ms) / len(ms),
             max_kl=max(m["max_kl"] for m in ms), max_grad_norm=max(m["max_grad_norm"] for m in ms),
             heldout_accuracy=mean_of(held), per_seed_heldout=held)
-        fmt3 = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
-        lines.append(f"| {label} | {fmt3(d['heldout_accuracy'])} | {' / '.join(map(fmt3, held))} | "
+        lines.append(f"| {label} | {fmt(d['heldout_accuracy'], spec='.3f')} | "
+                     f"{' / '.join(fmt(x, spec='.3f') for x in held)} | "
                      f"{d['run_mean_reward']:.3f} | {d['final_reward']:.3f} | {d['collapsed']} of {len(ms)} | "
                      f"{d['mean_kl']:.2e} | {d['max_kl']:.2e} | {d['max_grad_norm']:.1f} |")
     table = "\n".join(lines)
@@ -94,7 +94,8 @@ def main():
     write_results(os.path.join(args.out, "ablations.json"),
                   dict(common=args.common, steps=args.steps, seeds=args.seeds, arms=data), t0=t0,
                   md=f"every arm: `{args.common} --steps {args.steps} --rollout-dtype {args.rollout_dtype}` plus its "
-                     f"own flags; seeds {args.seeds}; final reward = mean of the last 20 steps; held-out acc = eval/accuracy (sampled) at the last step\n\n{table}")
+                     f"own flags; seeds {args.seeds}; final reward = mean of the last 20 steps; held-out acc = "
+                     f"eval/accuracy (sampled) at the last step\n\n{table}")
 
     fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw=dict(width_ratios=[1.4, 1, 1]))
     for i, label in enumerate(args.arms):

@@ -178,7 +178,8 @@ def paired_table(summ: dict, arms: list[str]) -> str:
         cells = []
         for a in arms:
             m = summ.get((a, s))
-            c = "—" if m is None else f"{cell(m['heldout_accuracy'], '.2f')} ({cell(m['best_heldout_accuracy'], '.2f')})"
+            c = "—" if m is None else \
+                f"{cell(m['heldout_accuracy'], '.2f')} ({cell(m['best_heldout_accuracy'], '.2f')})"
             cells.append(c if m is None or m["collapse_step"] is None else c + f", collapsed @ {m['collapse_step']}")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

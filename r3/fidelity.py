@@ -34,8 +34,8 @@ def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sampl
     model.zero_grad(set_to_none=True)
     logp = token_logp(model, batch.tokens, batch.attn_mask, old.routes, temperature=sample_kw["temperature"],
                       chunk=chunk).logp
-    old_BT = old.logp if old_logp == "trainer" else batch.rollout_logp  # --old-logp engine: the engine's as π_old
-    loss, _ = policy_loss(logp, old_BT, adv, batch.loss_mask, rollout_logp_BT=batch.rollout_logp, **loss_kw)
+    loss, _ = policy_loss(logp, old.pi_old(batch, old_logp), adv, batch.loss_mask, rollout_logp_BT=batch.rollout_logp,
+                          **loss_kw)
     loss.backward()
     flat = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
                       for p in model.parameters()])
@@ -64,6 +64,7 @@ def gradient_fidelity(model, engine, oracle, task, examples, *, replay: str, see
     same = float((_pad_to(tok_arm, tok_on.shape[1], sample_kw["pad_id"])
                   == _pad_to(tok_on, tok_arm.shape[1], sample_kw["pad_id"])).all(1).float().mean())
     cos = _cos(g_arm, g_on)
-    return {"fidelity/cos": cos, "fidelity/rel_err": None if cos is None else float((g_arm - g_on).norm() / g_on.norm()),
+    rel_err = None if cos is None else float((g_arm - g_on).norm() / g_on.norm())
+    return {"fidelity/cos": cos, "fidelity/rel_err": rel_err,
             "fidelity/same_rows": same, "fidelity/cos_resample": _cos(g_on, g_on2),
             "fidelity/grad_norm": float(g_arm.norm())}

@@ -72,6 +72,11 @@ class OldPolicy(NamedTuple):
     own_routes: torch.Tensor | None    # the trainer's own top-k on this batch (a normal forward)
     metrics: dict                      # r3.metrics.mismatch + entropy, over batch.loss_mask
 
+    def pi_old(self, batch: Batch, source: str) -> torch.Tensor:
+        """log π_old for the PPO ratio: this pass's ("trainer"), or the engine's own log-probs ("engine",
+        train.py --old-logp engine: the ratio then carries the whole train/inference mismatch)."""
+        return self.logp if source == "trainer" else batch.rollout_logp
+
 
 @torch.no_grad()
 def old_policy_pass(model: Transformer, batch: Batch, *, replay: str = "none", temperature: float = 1.0,

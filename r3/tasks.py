@@ -31,6 +31,7 @@ import torch
 
 BASE_VOCAB = [str(d) for d in range(10)] + ["+", "=", "SORT", "REV", "<eos>", "<pad>"]
 SYMBOLS = 64  # the cipher task's alphabet: ids 16..79, after the shared 16 (so EOS and PAD keep their ids)
+SYMBOL0 = len(BASE_VOCAB)  # id of s0
 VOCAB = BASE_VOCAB + [f"s{i}" for i in range(SYMBOLS)]
 TOK = {s: i for i, s in enumerate(VOCAB)}
 EOS, PAD = TOK["<eos>"], TOK["<pad>"]
@@ -151,8 +152,7 @@ class Cipher(Task):
     def example(self, g):
         n = int(torch.randint(self.min_len, self.max_len + 1, (1,), generator=g))
         s = torch.randint(0, SYMBOLS, (n,), generator=g).tolist()
-        first = len(BASE_VOCAB)
-        return Example([first + i for i in s] + [TOK["="]], [first + self.PI[i] for i in s])
+        return Example([SYMBOL0 + i for i in s] + [TOK["="]], [SYMBOL0 + self.PI[i] for i in s])
 
 
 TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher}

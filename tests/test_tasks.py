@@ -12,7 +12,7 @@ import torch
 
 from r3.config import TrainConfig, parse
 from r3.model import PRESETS
-from r3.tasks import BASE_VOCAB, EOS, PAD, SYMBOLS, VOCAB, Cipher, decode, make_task
+from r3.tasks import BASE_VOCAB, EOS, PAD, SYMBOL0, SYMBOLS, VOCAB, Cipher, decode, make_task
 from r3.warmup import preset_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +22,7 @@ def test_cipher_maps_every_symbol_through_one_permutation():
     task = make_task("cipher")
     assert (task.min_len, task.max_len) == (32, 32) and task.max_new_tokens == 33
     assert sorted(Cipher.PI) == list(range(SYMBOLS)) and Cipher.PI != list(range(SYMBOLS))
-    first = len(BASE_VOCAB)
+    first = SYMBOL0
     for ex in task.sample(50, torch.Generator().manual_seed(0), split="train"):
         assert ex.prompt[-1] == VOCAB.index("=") and len(ex.answer) == len(ex.prompt) - 1 == 32
         assert all(first <= t < task.vocab_size for t in ex.prompt[:-1] + ex.answer)

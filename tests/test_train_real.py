@@ -111,6 +111,8 @@ def test_dry_run_prints_the_30b_plan_from_config_only(tmp_path):
     assert abs(float(static.split()[-2]) - 57) < 1, static
     r = train(["--preset", "toy", "--dry-run"], tmp_path)
     assert r.returncode == 0 and "world 1" in r.stdout, r.stderr[-3000:]
+    r = train(["--preset", "toy", "--task", "jsonl:qa.jsonl", "--dry-run"], tmp_path)  # a preset, a text task
+    assert r.returncode == 0 and "world 1" in r.stdout, r.stderr[-3000:]
     assert not os.path.exists(tmp_path / "runs")  # a dry run writes nothing
 
 
