@@ -3,8 +3,10 @@
 Every step runs four phases, each a function below, in this order:
   collect              draw prompts; the engine (its own copy of the weights at --rollout-dtype) samples G
                        responses each and records the experts it routed every token to; rewards → advantages
-  old_policy_pass      the fp32 trainer re-scores the samples without grad: π_old, the routes the update will
-                       replay, and the train/inference mismatch (kl, F(2), router flips)        (r3/score.py)
+  old_policy           the fp32 trainer re-scores the samples without grad: π_old, the routes the update will
+                       replay, and the train/inference mismatch (kl, F(2), router flips)        (r3/score.py);
+                       on the steps that log the mismatch (--mismatch-every), and on every step whose update reads
+                       it (R2's routes, the trainer's π_old)
   update               --mini-steps optimizer steps; each forward replays the rollout's routes (r3), the routes of
                        the old-policy pass (r2), or lets the router choose (none)              (r3/grpo.py)
   log_guard_checkpoint weight sync trainer → engine, one log line and metrics.jsonl, collapse guard, checkpoint
@@ -41,12 +43,13 @@ from r3.inspect import dump_samples
 from r3.io import atomic_write_json, read_jsonl
 from r3.jsonl_task import make_jsonl_task
 from r3.memory import format_plan, memory_plan
-from r3.metrics import kl_k3
+from r3.metrics import MISMATCH_KEYS, flip_stats, kl_k3
 from r3.plots import log_scalars, tensorboard_writer
+from r3.process import configure_cpu
 from r3.provenance import stamp
 from r3.remote import make_engine
 from r3.runfolder import RunFolder, RunFolderError, append_metrics, check_resume, check_steps, truncate_metrics
-from r3.score import OldPolicy, old_policy_pass, token_logp
+from r3.score import OldPolicy, old_policy_pass, token_logp, update_reads_pass, without_pass
 from r3.tasks import EOS, PAD, make_task
 from r3.warmup import preset_config, warmed_up_model
 
@@ -61,12 +64,12 @@ def main(argv=None):
                disable=not run.lead)
     for step in bar:
         t0 = time.perf_counter()
-        rollouts = collect(run, step)
-        olds = [old_policy_pass(run.model, r.batch, replay=cfg.replay, temperature=cfg.temperature, chunk=run.chunk)
-                for r in rollouts]
+        measure = step % cfg.mismatch_every == 0  # this step logs the mismatch and the staleness flip rate
+        rollouts = collect(run, step, measure)
+        olds = [old_policy(run, r.batch, measure) for r in rollouts]
         dump(run, rollouts, step)
         fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
-        mini_steps = update(run, rollouts, olds, step)
+        mini_steps = update(run, rollouts, olds, step, measure)
         sync_engine(run.model, run.engine, run.plain)
         m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid)
         stopped_on = log_guard_checkpoint(run, m, step, t0, bar)
@@ -113,8 +116,9 @@ class Run:
 
 
 # ---------------------------------------------------------------------------------------------------- the phases
-def collect(run: Run, step: int) -> list[Rollout]:
-    """This rank's data shards of the step: sampled by the engine (or read from disk), rewarded, with advantages."""
+def collect(run: Run, step: int, measure: bool = True) -> list[Rollout]:
+    """This rank's data shards of the step: sampled by the engine (or read from disk), rewarded, with advantages.
+    measure: keep the engine's full log-softmax for kl_full (small vocabularies only)."""
     cfg = run.cfg
     if run.disk is not None:  # rewards come with the rollouts
         batch = run.disk[step % len(run.disk)]
@@ -124,24 +128,39 @@ def collect(run: Run, step: int) -> list[Rollout]:
     return [advantages(*sample_shard(run.engine, run.task, examples, shard=s, num_shards=run.num_shards,
                                      generator=run.gens[shard_generator_name(s)], group_size=cfg.group_size,
                                      temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=run.max_new,
-                                     eos_ids=run.eos_ids, pad_id=run.pad_id, keep_logp_V=run.chunk == 0),
+                                     eos_ids=run.eos_ids, pad_id=run.pad_id,
+                                     keep_logp_V=measure and run.chunk == 0),
                        loss=cfg.loss) for s in run.mine]
 
 
-def update(run: Run, rollouts: list[Rollout], olds: list[OldPolicy], step: int) -> list[tuple[float, float, dict]]:
+def old_policy(run: Run, batch, measure: bool) -> OldPolicy:
+    """The old-policy pass (r3/score.py) when the update reads it or the step measures the mismatch; otherwise only
+    the routes the update replays (R3: the engine's), no forward. Either way the update computes the same thing."""
+    cfg = run.cfg
+    if not (measure or update_reads_pass(cfg.replay, cfg.old_logp)):
+        return without_pass(batch, cfg.replay)
+    return old_policy_pass(run.model, batch, replay=cfg.replay, temperature=cfg.temperature, chunk=run.chunk,
+                           measure=measure)
+
+
+def update(run: Run, rollouts: list[Rollout], olds: list[OldPolicy], step: int,
+           measure: bool = False) -> list[tuple[float, float, dict]]:
     """--mini-steps optimizer steps; minibatch k takes the same rows of every shard. Returns (loss, grad norm,
-    loss metrics) per mini-step."""
+    loss metrics) per mini-step. measure: mini-steps k >= 1 also log the staleness flip rate."""
     cfg = run.cfg
     for group in run.opt.param_groups:
         group["lr"] = cfg.lr * min(1.0, (step + 1) / max(1, cfg.lr_warmup))
     orders = [torch.randperm(len(rollouts[0].batch), generator=run.gens["data"]).chunk(cfg.mini_steps)
               for _ in range(run.num_shards)]  # every rank draws all shards' orders: `data` stays in step
-    return [mini_step(run, [(r, o, orders[s][k]) for s, r, o in zip(run.mine, rollouts, olds)])
-            for k in range(len(orders[0]))]
+    return [mini_step(run, [(r, o, orders[s][k]) for s, r, o in zip(run.mine, rollouts, olds)],
+                      staleness=measure and k > 0) for k in range(len(orders[0]))]
 
 
-def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -> tuple[float, float, dict]:
-    """One optimizer step on the rows `picked` from each shard; one loss normalisation over the whole step."""
+def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]],
+              staleness: bool = False) -> tuple[float, float, dict]:
+    """One optimizer step on the rows `picked` from each shard; one loss normalisation over the whole step.
+    staleness: also log staleness/router_flip_rate, the trainer's own routes (a normal forward) at this mini-step's
+    weights against the old-policy pass's on the same rows: how far routing drifted since the batch was scored."""
     cfg, model = run.cfg, run.model
     kw = dict(loss=cfg.loss, is_correction=cfg.is_correction, is_cap=cfg.is_cap, max_len=run.max_new)
     dens = [loss_denominator(o.pi_old(r.batch, cfg.old_logp)[rows], r.batch.rollout_logp[rows],
@@ -152,11 +171,14 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
     for (r, o, rows), d in zip(picked, dens):
         b = r.batch
         replay = None if o.routes is None else o.routes[rows]  # R3: the engine's routes; R2: π_old's; none
-        logp = token_logp(model, b.tokens[rows], b.attn_mask[rows], replay, temperature=cfg.temperature,
-                          chunk=run.chunk).logp
-        loss, lm = policy_loss(logp, o.pi_old(b, cfg.old_logp)[rows], r.adv[rows], b.loss_mask[rows],
+        out = token_logp(model, b.tokens[rows], b.attn_mask[rows], replay, temperature=cfg.temperature,
+                         chunk=run.chunk)
+        loss, lm = policy_loss(out.logp, o.pi_old(b, cfg.old_logp)[rows], r.adv[rows], b.loss_mask[rows],
                                clip_low=cfg.clip_range[0], clip_high=cfg.clip_range[1],
                                rollout_logp_BT=b.rollout_logp[rows], denominator=denominator, **kw)
+        if staleness and o.own_routes is not None:
+            lm["staleness/router_flip_rate"] = drift(model, b, rows, out.routes if replay is None else None,
+                                                     o.own_routes[rows])
         (loss * run.world if run.world > 1 else loss).backward()  # FSDP averages grads over ranks: ×world = sum
         loss_sum += float(loss.detach())
         parts.append((lm, d))
@@ -165,6 +187,15 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]]) -
     if math.isfinite(grad_norm) and math.isfinite(loss_value):
         run.opt.step()  # a non-finite step is skipped (and reported by the guard), never applied
     return loss_value, grad_norm, dict(global_mean(parts), **{"grpo/loss": loss_value})
+
+
+@torch.no_grad()
+def drift(model, batch, rows, own_now, own_old) -> float:
+    """Router flip rate between the trainer's own routes now (`own_now`, or a normal forward when the update
+    replayed routes) and at the old-policy pass, over the response tokens of `rows`."""
+    if own_now is None:
+        own_now = model(batch.tokens[rows][:, :-1], valid_BT=batch.attn_mask[rows][:, :-1], return_hidden=True)[1]
+    return flip_stats(own_now, own_old, batch.loss_mask[rows])["router_flip_rate"]
 
 
 def fidelity(run: Run, step: int) -> dict:
@@ -192,16 +223,20 @@ def dump(run: Run, rollouts: list[Rollout], step: int) -> None:
 def step_metrics(run: Run, rollouts: list[Rollout], olds: list[OldPolicy], mini_steps: list, step: int) -> dict:
     """The step's numbers, reduced over shards and ranks: token metrics weigh by tokens, row metrics by rows."""
     eos = torch.tensor(run.eos_ids)
-    tok = global_mean([(o.metrics, float(r.batch.loss_mask.sum())) for r, o in zip(rollouts, olds)])
+    tok = global_mean([(o.metrics, float(r.batch.loss_mask.sum())) for r, o in zip(rollouts, olds)]) \
+        if olds[0].metrics else {}
     rows = global_mean([(row_metrics(r, eos, run.max_new), len(r.batch)) for r in rollouts])
     groups = global_mean([(r.adv_metrics, len(r.batch.group.unique())) for r in rollouts])
     losses, grad_norms, lms = zip(*mini_steps)
     mean = lambda k: sum(x[k] for x in lms) / len(lms)  # noqa: E731
-    return dict(step=step, reward=rows["reward"], **tok, response_length=rows["response_length"],
-                exact=rows["exact"], runaway_frac=rows["runaway_frac"], loss=sum(losses) / len(losses),
-                grad_norm=math.nan if any(map(math.isnan, grad_norms)) else max(grad_norms),
-                clip_frac=mean("grpo/clip_frac"), lr=run.opt.param_groups[0]["lr"], **groups,
-                **{k: mean(k) for k in lms[0] if k not in ("grpo/loss", "grpo/clip_frac")})
+    stale = [x["staleness/router_flip_rate"] for x in lms if x.get("staleness/router_flip_rate") is not None]
+    return dict(step=step, reward=rows["reward"], **{**dict.fromkeys(MISMATCH_KEYS), **tok},
+                response_length=rows["response_length"], exact=rows["exact"], runaway_frac=rows["runaway_frac"],
+                loss=sum(losses) / len(losses), grad_norm=math.nan if any(map(math.isnan, grad_norms)) else
+                max(grad_norms), clip_frac=mean("grpo/clip_frac"), lr=run.opt.param_groups[0]["lr"], **groups,
+                **{k: max(x[k] for x in lms) if k.startswith("grpo/max_") else mean(k) for k in lms[0]
+                   if k not in ("grpo/loss", "grpo/clip_frac", "staleness/router_flip_rate")},
+                **{"staleness/router_flip_rate": sum(stale) / len(stale) if stale else None})
 
 
 def row_metrics(r: Rollout, eos: torch.Tensor, max_new: int) -> dict:
@@ -227,7 +262,7 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
         append_metrics(run.path("metrics.jsonl"), m)
         if run.tb is not None:
             log_scalars(run.tb, m)
-        bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.1e}")
+        bar.set_postfix(reward=f"{m['reward']:.3f}", kl="-" if m["kl"] is None else f"{m['kl']:.1e}")
         if not cfg.quiet:
             tqdm.write(log_line(m))
     if run.guard.new:  # a symptom's onset: keep the weights as they were the moment it appeared
@@ -243,13 +278,13 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
 
 
 def log_line(m: dict) -> str:
-    flips = "-" if m["router_flip_rate"] is None else f"{m['router_flip_rate']:.2%}"
+    f = lambda k, spec: "-" if m[k] is None else format(m[k], spec)  # noqa: E731  (None: not measured this step)
     exact = "-" if m["exact"] is None else f"{m['exact']:.2f}"
     held = f" | held-out acc {m['eval/accuracy']:.3f} (greedy {m['eval/accuracy_greedy']:.3f})" \
         if m.get("eval/accuracy") is not None else ""
-    return (f"step {m['step']:4d} | reward {m['reward']:.3f} | exact {exact} | kl {m['kl']:.2e} | "
-            f"F(2) {m['extreme_frac']:.2%} | flips {flips} | gn {m['grad_norm']:.2f} | "
-            f"len {m['response_length']:.1f} | ent {m['entropy']:.3f} | {m['step_time']:.2f}s{held}")
+    return (f"step {m['step']:4d} | reward {m['reward']:.3f} | exact {exact} | kl {f('kl', '.2e')} | "
+            f"F(2) {f('extreme_frac', '.2%')} | flips {f('router_flip_rate', '.2%')} | gn {m['grad_norm']:.2f} | "
+            f"len {m['response_length']:.1f} | ent {f('entropy', '.3f')} | {m['step_time']:.2f}s{held}")
 
 
 @torch.no_grad()
@@ -284,7 +319,7 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     t0 = time.time()
     out = check_launch(cfg)
     torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
+    configure_cpu(cfg.threads)
     rank, world, device = setup_distributed() if cfg.model else (0, 1, torch.device("cpu"))
     folder = open_folder(cfg, out) if rank == 0 else None
     p = load_policy_and_task(cfg, world, device)

@@ -130,8 +130,9 @@ def run_summary(rows: list[dict]) -> dict:
     mean = lambda k: (lambda v: sum(v) / len(v) if v else None)([r[k] for r in fid if r[k] is not None])  # noqa
     m.update(mean_fidelity_cos=mean("fidelity/cos"), mean_fidelity_rel_err=mean("fidelity/rel_err"),
              mean_fidelity_cos_resample=mean("fidelity/cos_resample"), mean_same_rows=mean("fidelity/same_rows"),
-             mean_extreme_frac=sum(r["extreme_frac"] for r in rows) / len(rows),
-             min_entropy=min(r["entropy"] for r in rows))
+             mean_extreme_frac=(lambda v: sum(v) / len(v) if v else None)(
+                 [r["extreme_frac"] for r in rows if r.get("extreme_frac") is not None]),
+             min_entropy=min((r["entropy"] for r in rows if r.get("entropy") is not None), default=None))
     return m
 
 

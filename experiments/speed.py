@@ -10,16 +10,24 @@ times, above 1 is faster for tokens/s.
   generate  new tokens/s: our `Engine.generate` (KV cache, recording routes) vs transformers `generate()` (sampling,
             no early stop), bf16 and fp32
   scaling   train step time vs sequence length and batch, ours vs transformers
+  step      the headline RL step (experiments.collapse HEADLINE flags, all their logging) at an older commit
+            (--step-base) and at this checkout, alternated: marginal wall seconds per step on one thread (a
+            --step-long run minus a --step-short one, so start-up cancels), where the time went (each train.py
+            phase, experiments/step_timer.py), and whether the two trajectories are bit-identical
 Weights: our model is built, written with `r3.hf.save_pretrained` and read by transformers' `from_pretrained`;
 the JSON records the fp32 logit max-abs difference of the two on the same tokens (the parity check).
 
     python -m experiments.speed [--quick] [--sections moe train generate scaling] [--out results/speed.json]
+    python -m experiments.speed --sections step --out results/speed_step.json   # ~1 h on 2 shared cores
     python -m experiments.speed --device cuda --sections moe --moe-tokens 8192 --moe-hidden 2048 \\
         --moe-inter 768 --moe-experts 128 --moe-dtypes bf16      # Qwen3-30B-A3B layer shapes on a GPU
 """
 import argparse
+import json
 import os
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +45,7 @@ from r3.hf import save_pretrained
 from r3.model import PRESETS, ModelConfig, build_model
 from r3.moe import MoE
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Qwen3-30B-A3B's ratios (hidden 2048, 32/4 heads of 128, 128 experts top-8 of width 768) at 1/8 the width
 QWEN3_RATIO = ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
                           num_key_value_heads=1, head_dim=64, moe_intermediate_size=96, num_experts=128,
@@ -202,6 +211,75 @@ def bench_generate(args, clock, dev, tmp) -> list[dict]:
     return rows
 
 
+STEP_ARMS = {"none": ("none", "fp8-router"), "r3": ("r3", "fp8-router"), "oracle": ("none", "fp32")}
+STEP_KEYS = ("reward", "loss", "grad_norm", "eval/accuracy")  # what "the same trajectory" compares, step by step
+
+
+def checkout(commit: str, tmp: str) -> str:
+    """`commit`'s tracked files unpacked into tmp/COMMIT (git archive): an old version to time beside this one."""
+    path = os.path.join(tmp, commit)
+    os.makedirs(path)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", commit], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", path], input=archive, check=True)
+    return path
+
+
+def headline_flags(tree: str) -> list[str]:
+    """The tree's own `experiments.collapse.HEADLINE` (each commit is timed with the flags its sweeps ran)."""
+    code = "from experiments.collapse import HEADLINE; print(HEADLINE)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": tree})
+    return out.stdout.split()
+
+
+def timed_run(tree: str, flags: list[str], steps: int, tmp: str, tag: str) -> dict:
+    """One train.py run under experiments/step_timer.py; returns its timings and its metrics rows."""
+    out, js = os.path.join(tmp, "runs", tag), os.path.join(tmp, tag + ".json")
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "step_timer.py"), tree, js, *flags, "--steps",
+           str(steps), "--out", out, "--overwrite", "--quiet", "--no-plot", "--threads", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": tree,
+                                                                  "OMP_NUM_THREADS": "1"})
+    if r.returncode:
+        raise RuntimeError(f"{shlex.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    with open(js) as f, open(os.path.join(out, "metrics.jsonl")) as m:
+        return dict(json.load(f), rows=[json.loads(line) for line in m])
+
+
+def same_trajectory(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(x.get(k) == y.get(k) for x, y in zip(a, b) for k in STEP_KEYS)
+
+
+def bench_step(args, tmp: str) -> list[dict]:
+    """Marginal seconds per step, base commit vs this checkout, each arm, the trees alternated every repetition."""
+    trees = {"base": checkout(args.step_base, tmp), "head": ROOT}
+    flags = {name: headline_flags(tree) for name, tree in trees.items()}
+    S, L = args.step_short, args.step_long
+    for name, tree in trees.items():  # untimed: builds each tree's warm-up cache
+        timed_run(tree, flags[name] + ["--seed", "0"], 1, tmp, f"prime-{name}")
+    res = {(t, a): [] for t in trees for a in args.step_arms}
+    combos = [(rep, a) for rep in range(args.step_reps) for a in args.step_arms]
+    for rep, arm in tqdm(combos, desc="step", leave=False):
+        replay, dtype = STEP_ARMS[arm]
+        for name in (list(trees) if rep % 2 == 0 else list(trees)[::-1]):
+            f = flags[name] + ["--replay", replay, "--rollout-dtype", dtype, "--seed", "0"]
+            short, long = (timed_run(trees[name], f, n, tmp, f"{name}-{arm}-{n}-{rep}") for n in (S, L))
+            phases = {k: (long["phases"][k] - short["phases"].get(k, 0.0)) / (L - S) for k in long["phases"]}
+            res[name, arm].append(dict(step_s=(long["wall_s"] - short["wall_s"]) / (L - S), phases=phases,
+                                       rows=long["rows"]))
+    rows = []
+    for arm in args.step_arms:
+        b, h = res["base", arm], res["head", arm]
+        med = lambda runs: statistics.median(r["step_s"] for r in runs)  # noqa: E731
+        phase = lambda runs: {k: statistics.median(r["phases"].get(k, 0.0) for r in runs)  # noqa: E731
+                              for k in sorted({k for r in runs for k in r["phases"]})}
+        rows.append(dict(arm=arm, base=args.step_base, base_step_s=med(b), head_step_s=med(h),
+                         speedup=med(b) / med(h), base_phases_s=phase(b), head_phases_s=phase(h),
+                         base_runs_s=[r["step_s"] for r in b], head_runs_s=[r["step_s"] for r in h],
+                         same_trajectory=same_trajectory(b[0]["rows"], h[0]["rows"]),
+                         base_flags=" ".join(flags["base"]), head_flags=" ".join(flags["head"])))
+    return rows
+
+
 def tables(res: dict) -> str:
     out = []
     if res.get("moe"):
@@ -229,6 +307,23 @@ def tables(res: dict) -> str:
             ["config", "batch", "dtype", "prompt", "new tokens", "ours tok/s", "transformers tok/s", "ours / tf"],
             [[r["config"], str(r["batch"]), r["dtype"], str(r["prompt_len"]), str(r["new_tokens"]),
               fmt(r["ours_tok_s"]), fmt(r["hf_tok_s"]), f"{r['speedup']:.2f}"] for r in res["generate"]]))
+    if res.get("step"):
+        st = res["step"]
+        out.append(f"\n**Headline RL step, marginal wall time per step** (steps {res['config']['step_short']} to "
+                   f"{res['config']['step_long']}, one thread; {st[0]['base']} vs this checkout, alternated; "
+                   f"medians of {res['config']['step_reps']}; above 1 is faster)\n")
+        out.append(markdown_table(
+            ["arm", f"{st[0]['base'][:8]} s/step", "HEAD s/step", "speed-up", "runs (base / HEAD)",
+             "same trajectory"],
+            [[r["arm"], f"{r['base_step_s']:.3f}", f"{r['head_step_s']:.3f}", f"{r['speedup']:.2f}x",
+              " ".join(f"{x:.3f}" for x in r["base_runs_s"]) + " / " + " ".join(f"{x:.3f}" for x in r["head_runs_s"]),
+              "yes" if r["same_trajectory"] else "no"] for r in st]))
+        names = sorted({k for r in st for k in (*r["base_phases_s"], *r["head_phases_s"])})
+        out.append("\nWhere the time went, seconds per step by train.py phase (phases nest: `update` holds the "
+                   "mini-steps, `log_guard_checkpoint` the held-out evaluation, val/kl and checkpoints)\n")
+        out.append(markdown_table(
+            ["phase"] + [f"{r['arm']} {w}" for r in st for w in ("base", "HEAD")],
+            [[n] + [fmt(r[f"{w}_phases_s"].get(n)) for r in st for w in ("base", "head")] for n in names]))
     return "\n".join(out) + "\n"
 
 
@@ -236,7 +331,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 1 rep (CI smoke test), seconds")
     ap.add_argument("--sections", nargs="+", default=["moe", "train", "generate", "scaling"],
-                    choices=["moe", "train", "generate", "scaling"], help="which measurements to run")
+                    choices=["moe", "train", "generate", "scaling", "step"], help="which measurements to run "
+                    "(step, the headline RL step against an older commit, is not in the default set: ~1 h)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                     help="model configs for train and generate")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES),
@@ -256,6 +352,13 @@ def main():
     ap.add_argument("--scaling-config", default="qwen3-ratio", choices=list(CONFIGS), help="config for scaling")
     ap.add_argument("--scaling-seqs", type=int, nargs="+", default=[32, 64, 128, 256], help="seq lengths (batch 8)")
     ap.add_argument("--scaling-batches", type=int, nargs="+", default=[4, 16, 64], help="batches (seq 64)")
+    ap.add_argument("--step-base", default="f327f3e", help="step: the commit to time against (a git revision)")
+    ap.add_argument("--step-arms", nargs="+", default=list(STEP_ARMS), choices=list(STEP_ARMS),
+                    help="step: headline arms (none/r3: fp8-router engine; oracle: fp32 engine, no replay)")
+    ap.add_argument("--step-short", type=int, default=25, help="step: steps of the short run")
+    ap.add_argument("--step-long", type=int, default=125, help="step: steps of the long run (the long - short "
+                    "window holds the headline's fidelity and evaluation steps in their 1000-step proportion)")
+    ap.add_argument("--step-reps", type=int, default=2, help="step: repetitions (trees alternated each one)")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (CPU time is per process)")
     ap.add_argument("--out", default="results/speed.json", help="JSON path; the markdown table goes beside it")
@@ -266,6 +369,7 @@ def main():
         args.moe_hidden, args.moe_inter, args.moe_top_k = 64, 32, 2
         args.train_batch, args.train_seq, args.gen_batch, args.new_tokens, args.prompt_len = 2, 8, [2], 3, 4
         args.scaling_config, args.scaling_seqs, args.scaling_batches = "toy", [8], [2]
+        args.step_short, args.step_long, args.step_reps, args.step_arms = 2, 4, 1, ["none"]
     torch.set_num_threads(args.threads)
     hf_logging.disable_progress_bar()
     clock, dev = Clock(args.device), torch.device(args.device)
@@ -280,6 +384,8 @@ def main():
                                        [(c, args.train_batch, args.train_seq) for c in args.configs])
         if "generate" in args.sections:
             res["generate"] = bench_generate(args, clock, dev, tmp)
+        if "step" in args.sections:
+            res["step"] = bench_step(args, tmp)
         if "scaling" in args.sections:
             c = args.scaling_config
             shapes = [(c, 8, T) for T in args.scaling_seqs] + [(c, B, 64 if not args.quick else 8)

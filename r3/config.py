@@ -107,6 +107,10 @@ class TrainConfig(SamplingConfig):
     tensorboard: bool = flag(False, "also write the metrics as TensorBoard scalars to OUT/tb (needs tensorboard)")
     allow_change: str | None = flag(None, "--resume: comma-separated run-defining fields allowed to differ from the "
                                           "saved run (e.g. lr,grad_clip); the change is recorded in OUT/resumes.jsonl")
+    mismatch_every: int = flag(1, "every N steps log the train/inference mismatch (kl, F(2), router flips, entropy) "
+                                  "and the staleness flip rate; the old-policy forward that measures them runs on "
+                                  "those steps only, unless the update reads it (R2's routes, the trainer's π_old). "
+                                  "Changes nothing but what is logged", domain=INT_GE1)
     val_every: int = flag(25, "every N steps log val/kl: normal vs replayed train forward on held-out rollouts "
                               "(0 = never)", domain=INT_GE0)
     val_prompts: int = flag(32, "held-out prompts for val/kl", domain=INT_GE1)

@@ -20,7 +20,7 @@ import torch
 
 from r3.collect import reward_batch
 from r3.grpo import group_advantages, policy_loss
-from r3.score import old_policy_pass, token_logp
+from r3.score import old_policy_pass, token_logp, update_reads_pass, without_pass
 
 
 def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sample_kw: dict, loss_kw: dict,
@@ -30,7 +30,8 @@ def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sampl
     batch = engine.generate([e.prompt for e in examples], generator=g, **sample_kw)
     reward_batch(task, batch, examples)
     adv, _ = group_advantages(batch.rewards, batch.group, normalize_std=loss_kw["loss"] != "dr_grpo")
-    old = old_policy_pass(model, batch, replay=replay, temperature=sample_kw["temperature"], chunk=chunk)
+    old = old_policy_pass(model, batch, replay=replay, temperature=sample_kw["temperature"], chunk=chunk,
+                          measure=False) if update_reads_pass(replay, old_logp) else without_pass(batch, replay)
     model.zero_grad(set_to_none=True)
     logp = token_logp(model, batch.tokens, batch.attn_mask, old.routes, temperature=sample_kw["temperature"],
                       chunk=chunk).logp

@@ -104,8 +104,9 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
             raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")
         clip_frac = _frac((clipped * A < ratio * A).detach(), mask)  # clipping active: min() took the clipped term
         ratio_mean = float(ratio.detach()[mask].mean()) if mask.any() else 1.0
+    max_log_ratio = float(log_ratio.detach().abs().max()) if log_ratio.numel() else 0.0  # 0 off the mask
     return value, {"grpo/loss": float(value.detach()), "grpo/clip_frac": clip_frac, "grpo/ratio_mean": ratio_mean,
-                   **is_metrics}
+                   "grpo/max_abs_log_ratio": max_log_ratio, **is_metrics}
 
 
 def loss_denominator(old_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, mask_BT: torch.Tensor, *,

@@ -8,6 +8,7 @@ Symptoms (each a name in `CollapseGuard.check`'s return):
   length_collapse  mean response length below `length_frac` × its value over the first `warmup` steps
   runaway          the share of responses that hit the length limit without EOS (repetition loops) rose more than
                    `runaway_frac` above its value over the first `warmup` steps
+kl_surge and extreme_surge are checked on the steps that measure the mismatch (None elsewhere: --mismatch-every).
 `check` returns the symptoms firing now; `new` holds those that were not firing a step earlier. The guard
 only reports; train.py decides to checkpoint and stop or continue (`--on-collapse`).
 """
@@ -68,7 +69,7 @@ class CollapseGuard:
                 fired.append("length_collapse")
         if m["kl"] is not None and m["kl"] > c["kl_max"]:
             fired.append("kl_surge")
-        if m["extreme_frac"] > c["extreme_max"]:
+        if m["extreme_frac"] is not None and m["extreme_frac"] > c["extreme_max"]:
             fired.append("extreme_surge")
         if self.n > c["warmup"] and m.get("runaway_frac", 0.0) > self.runaway_base / c["warmup"] + c["runaway_frac"]:
             fired.append("runaway")

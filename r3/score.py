@@ -8,6 +8,9 @@ gives the token the engine sampled at p+1: the same indexing as `Batch.rollout_l
   old_policy_pass  the step's no-grad pass: log π_old, the routes the update will replay, the trainer's own
                    routes, and every mismatch metric. train.py, rollout.py and experiments/mismatch_table.py all
                    measure the mismatch through it, so the numbers mean the same thing everywhere.
+  without_pass     what the update takes from a step that runs no pass: only the routes it replays. train.py skips
+                   the pass when the update reads nothing it computes (`update_reads_pass` is False: no R2, the
+                   engine's π_old) and the step does not log the mismatch (--mismatch-every)
   score            `token_logp` over a Batch, zero off `loss_mask`, replaying the recorded routes on request
 
 Replay modes: "none" (the router's own top-k), "r3" (the engine's recorded `batch.routes`), "r2" (the update
@@ -67,10 +70,10 @@ def token_logp(model: Transformer, tokens_BT: torch.Tensor, valid_BT: torch.Tens
 
 
 class OldPolicy(NamedTuple):
-    logp: torch.Tensor                 # [B, T-1] log π_old (not masked)
+    logp: torch.Tensor | None          # [B, T-1] log π_old (not masked); None when no pass ran (`without_pass`)
     routes: torch.Tensor | None        # what the update replays: None (none), batch.routes (r3), this pass's (r2)
     own_routes: torch.Tensor | None    # the trainer's own top-k on this batch (a normal forward)
-    metrics: dict                      # r3.metrics.mismatch + entropy, over batch.loss_mask
+    metrics: dict                      # r3.metrics.mismatch + entropy, over batch.loss_mask ({} unless measured)
 
     def pi_old(self, batch: Batch, source: str) -> torch.Tensor:
         """log π_old for the PPO ratio: this pass's ("trainer"), or the engine's own log-probs ("engine",
@@ -78,14 +81,30 @@ class OldPolicy(NamedTuple):
         return self.logp if source == "trainer" else batch.rollout_logp
 
 
+def update_reads_pass(replay: str, old_logp: str) -> bool:
+    """Whether the update reads what the old-policy pass computes: R2 replays its routes, and the trainer's π_old is
+    its log-probs. Otherwise (none or r3, with the engine's log-probs as π_old) the pass only measures."""
+    return replay == "r2" or old_logp == "trainer"
+
+
+def without_pass(batch: Batch, replay: str) -> OldPolicy:
+    """The OldPolicy of a step that runs no pass (see `update_reads_pass`): the routes the update replays (R3: the
+    engine's; none: none), no log-probs, nothing measured."""
+    if replay not in ("none", "r3"):
+        raise ValueError(f"replay {replay!r} reads the old-policy pass's routes; it cannot be skipped")
+    return OldPolicy(None, batch.routes if replay == "r3" else None, None, {})
+
+
 @torch.no_grad()
 def old_policy_pass(model: Transformer, batch: Batch, *, replay: str = "none", temperature: float = 1.0,
-                    chunk: int | None = None, own_routes: torch.Tensor | None = None) -> OldPolicy:
+                    chunk: int | None = None, own_routes: torch.Tensor | None = None,
+                    measure: bool = True) -> OldPolicy:
     """The trainer's no-grad pass over a rollout: π_old, the routes to replay, and the mismatch vs the engine.
 
     The forward replays the engine's routes under "r3" (π_old is then the policy the update starts from), and
     routes normally otherwise. `own_routes`: the trainer's own routes on this batch if already known (skips the
-    extra forward that flip statistics need under "r3").
+    extra forward that flip statistics need under "r3"). measure=False: π_old and the routes only (no entropy,
+    no metrics, no extra forward); `metrics` is then {}.
     """
     if replay not in REPLAY_MODES:
         raise ValueError(f"replay must be one of {REPLAY_MODES}, got {replay!r}")
@@ -93,14 +112,16 @@ def old_policy_pass(model: Transformer, batch: Batch, *, replay: str = "none", t
         raise ValueError("replay 'r3' but the batch has no recorded routes (dense model, or routes dropped)")
     chunk = default_chunk(model.cfg.vocab_size) if chunk is None else chunk
     out = token_logp(model, batch.tokens, batch.attn_mask, batch.routes if replay == "r3" else None,
-                     temperature=temperature, chunk=chunk, with_entropy=True)
+                     temperature=temperature, chunk=chunk, with_entropy=measure)
+    update_routes = {"none": None, "r3": batch.routes, "r2": out.routes}[replay]
     own = out.routes if replay != "r3" else own_routes
+    if not measure:
+        return OldPolicy(out.logp, update_routes, own, {})
     if own is None and replay == "r3":  # flips compare the trainer's *own* routing with the engine's
         own = model(batch.tokens[:, :-1], valid_BT=batch.attn_mask[:, :-1], return_hidden=True)[1]
     mask = batch.loss_mask
     metrics = mismatch(out.logp, batch.rollout_logp, mask, own, batch.routes, out.logp_V, batch.rollout_logp_V)
     metrics["entropy"] = masked_mean(out.entropy, mask)
-    update_routes = {"none": None, "r3": batch.routes, "r2": out.routes}[replay]
     return OldPolicy(out.logp, update_routes, own, metrics)
 
 

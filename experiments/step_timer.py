@@ -1,0 +1,49 @@
+"""Run one `train.py` command in-process with each phase of the step timed; a helper of experiments/speed.py.
+
+    python experiments/step_timer.py TREE OUT.json TRAIN_FLAGS...
+
+TREE is a checkout (this one, or an older commit unpacked by speed.py): its `train.py` is imported and run from its
+root, so the same harness times today's code and an old commit's. Each of train.py's phase functions that exists in
+that checkout (PHASES) is wrapped in a timer; OUT.json gets the wall time of `train.main` and the seconds spent in
+each phase. Phases nest as train.py calls them (`update` holds every mini-step, `log_guard_checkpoint` holds
+held-out evaluation, val/kl and checkpoints), so the phases are not summed. Start-up (imports, the warm-up load)
+is inside the wall time; speed.py cancels it by subtracting a short run from a long one.
+"""
+import json
+import os
+import sys
+import time
+
+PHASES = ("collect", "old_policy", "old_policy_pass", "fidelity", "update", "sync_engine", "step_metrics",
+          "log_guard_checkpoint", "evaluate", "validate", "save")
+
+
+def main() -> None:
+    tree, out, *argv = sys.argv[1:]
+    tree = os.path.abspath(tree)
+    sys.path.insert(0, tree)
+    os.chdir(tree)
+    import train  # the checkout's own train.py
+    seconds: dict[str, float] = {}
+
+    def timed(name, fn):
+        def run(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+        return run
+
+    for name in PHASES:
+        if callable(getattr(train, name, None)):
+            setattr(train, name, timed(name, getattr(train, name)))
+    t0 = time.perf_counter()
+    train.main(argv)
+    wall = time.perf_counter() - t0
+    with open(out, "w") as f:
+        json.dump(dict(wall_s=wall, cpu_s=time.process_time(), phases=seconds), f)
+
+
+if __name__ == "__main__":
+    main()
