@@ -45,25 +45,27 @@ def is_done(out: str, steps: int) -> bool:
     return done["stopped_on"] is not None or done["steps"] >= steps
 
 
-def run_all(runs: list[tuple[str, list[str]]], *, steps: int, jobs: int = 2, log_dir: str) -> None:
-    """runs: (out_dir, train.py args without --out). Runs up to `jobs` at once; a failed run raises."""
+def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_dir: str) -> None:
+    """runs: (out_dir, train.py args without --out) pairs, run for `steps`, or (out_dir, args, steps) triples.
+    Runs up to `jobs` at once; a failed run raises."""
     os.makedirs(log_dir, exist_ok=True)
-    for out, args in runs:  # a run folder is reused only by the exact same command line
+    runs = [(r[0], r[1], r[2] if len(r) > 2 else steps) for r in runs]
+    for out, args, n in runs:  # a run folder is reused only by the exact same command line
         flags_path = os.path.join(out, "sweep_flags.json")
         if os.path.exists(flags_path):
             with open(flags_path) as f:
                 old = json.load(f)
-            if old[:-1] != [*args, "--steps"] or int(old[-1]) > steps:
+            if old[:-1] != [*args, "--steps"] or int(old[-1]) > n:
                 raise RuntimeError(f"{out} was run with different flags:\n  {' '.join(old)}\nnot\n  "
-                                   f"{' '.join(args)} --steps {steps}\nchoose another --runs-dir or remove it")
-            if int(old[-1]) < steps:  # a longer horizon extends the run (train.py --resume continues it exactly)
+                                   f"{' '.join(args)} --steps {n}\nchoose another --runs-dir or remove it")
+            if int(old[-1]) < n:  # a longer horizon extends the run (train.py --resume continues it exactly)
                 with open(flags_path, "w") as f:
-                    json.dump([*args, "--steps", str(steps)], f)
+                    json.dump([*args, "--steps", str(n)], f)
         else:
             os.makedirs(out, exist_ok=True)
             with open(flags_path, "w") as f:
-                json.dump([*args, "--steps", str(steps)], f)
-    todo = [(out, args) for out, args in runs if not is_done(out, steps)]
+                json.dump([*args, "--steps", str(n)], f)
+    todo = [(out, args, n) for out, args, n in runs if not is_done(out, n)]
     skipped = len(runs) - len(todo)
     if skipped:
         print(f"{skipped} of {len(runs)} runs already finished; skipping them")
@@ -71,9 +73,9 @@ def run_all(runs: list[tuple[str, list[str]]], *, steps: int, jobs: int = 2, log
     bar = tqdm(total=len(todo), desc="runs")
     while todo or running:
         while todo and len(running) < jobs:
-            out, args = todo.pop(0)
+            out, args, n = todo.pop(0)
             log = open(os.path.join(log_dir, os.path.basename(out) + ".log"), "w")
-            cmd = [sys.executable, os.path.join(ROOT, "train.py"), *args, "--steps", str(steps), "--out", out,
+            cmd = [sys.executable, os.path.join(ROOT, "train.py"), *args, "--steps", str(n), "--out", out,
                    "--resume", "--quiet", "--no-plot", "--threads", "1"]
             running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), out, log))
         time.sleep(0.5)

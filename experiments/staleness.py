@@ -1,0 +1,397 @@
+"""Routing staleness or precision mismatch? A pre-registered grid over engine x replay x mini-steps, 8 seeds.
+
+  python -m experiments.staleness --pilot      # first: fp32/none/n4 and fp8-router/none/n4, 4 seeds, PILOT_LRS
+  python -m experiments.staleness              # the grid at LR (set below from the pilot), resumable, --jobs 2
+  python -m experiments.staleness --report     # tables and figure from the runs finished so far (marked partial)
+
+Two factors enter every PPO ratio at mini-step k of a batch the engine μ sampled: π_θk/π_old (staleness: the policy,
+and its routing, moved during the batch's earlier mini-steps) times π_old/μ (precision: same weights, other
+numerics and other routes). The fp32 engine removes the second factor, one mini-step the first; R2 freezes the
+routing of the first, R3 of both. Cells ENGINE/ARM/nN, every other flag experiments.collapse's HEADLINE at --lr LR:
+  fp8-router/{none, r2, r3}/n{1, 4, 8}   the mismatched engine
+  fp32/{none, r2}/n{1, 4, 8}             the oracle engine (no precision mismatch; R3 would equal R2 there)
+  at N = 1, R2 is the identity (the update is the old-policy pass, so its routes are the router's own), and the
+  r2/n1 cells alias the none/n1 runs;
+  fp32/none/n1fresh, fp8-router/none/n1fresh: one mini-step with a quarter of the prompts per step and four times
+  the steps: N = 4's minibatch, samples seen and optimizer steps, each minibatch sampled by the current policy
+  (--lr-warmup and every logging cadence scaled by 4, and their metrics read in blocks of 4 steps, so that every
+  cell is measured at the same sample counts).
+Neighbouring cells differ in one flag: --replay, --rollout-dtype or --mini-steps.
+
+The rule (RULE, fixed before any run and printed with every result). Primary, a *sustained* collapse, at the first
+step where: held-out accuracy (eval/accuracy, sampled) is >= 0.3 below its best so far at two consecutive
+evaluations (the step of the first), or at the run's last evaluation; or the reward EMA (0.9) is >= 0.3 below its
+running peak (taken after step 5) for 50 consecutive steps (the first of them); or the loss or grad norm is not
+finite. Secondary: experiments.collapse's RULE (any single dip), so the older tables stay comparable.
+max_drawdown = the largest fall of held-out accuracy below its best so far.
+
+Tests (TESTS), at each N: Fisher's exact test on primary collapse counts and an exact permutation test on
+max_drawdown, for fp8-router none vs r3, none vs r2, r2 vs r3; fp32 none vs r2; fp8-router none vs fp32 none.
+Pre-registered predictions (GSPO 2507.18071, Zheng et al. 2512.01374, RSPO 2510.23027), to confirm or refute:
+  (b) staleness: at N >= 4 fp32/none collapses about as often as fp8-router/none; r2 and r3 are stable under both
+      engines; nothing collapses at N = 1 (n1fresh included);
+  (a) precision: fp8-router/none collapses more often than fp32/none at every N; fp8-router/r2 is no better than
+      none; r3 is stable.
+  (c) neither: no difference the tests can see.
+
+The pilot (2 cells x PILOT_LRS x 4 seeds) chooses LR by a rule fixed before it ran: the pilot lr whose
+fp8-router/none/n4 primary collapse count is closest to 2 of 4 (ties: the lower lr). Writes OUT/pilot.{md,json}.
+The grid writes OUT/grid.{json,md,png}: `cells` keyed ENGINE/ARM/nN, each with `collapsed` and `runs` (seed ->
+collapse_step, why, max_drawdown, best_heldout, final_heldout, max_grad_norm, mean_kl, ...), and `tests`.
+Runs live in OUT/runs (grid) and OUT/pilot_runs; finished runs whose flags match are reused, partial ones resumed.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from experiments.collapse import HEADLINE, collapse_step, with_lr
+from experiments.common import fmt, write_results
+from experiments.stats import fisher_exact, permutation_test
+from experiments.sweep import is_done, run_all
+from r3.guard import ema_series
+from r3.io import read_jsonl
+
+RULE = dict(heldout_drop=0.3, heldout_consecutive=2, reward_ema_decay=0.9, reward_drop=0.3, reward_steps=50,
+            peak_after_steps=5, nonfinite=True)
+RULE_TEXT = ("sustained collapse = first step where held-out accuracy <= its best so far - 0.3 at two consecutive "
+             "evaluations (or at the last one), or reward EMA(0.9) <= its running peak (after step 5) - 0.3 for 50 "
+             "consecutive steps, or loss / grad norm non-finite; secondary: experiments.collapse's RULE (any dip)")
+ENGINES = {"fp8-router": ("none", "r2", "r3"), "fp32": ("none", "r2")}
+MINI_STEPS = (1, 4, 8)
+FRESH = 4  # n1fresh: prompts / 4, steps x 4
+STEPS = 1000
+SEEDS = tuple(range(8))
+PILOT_LRS = (3e-4, 5e-4, 7e-4)
+PILOT_SEEDS = (0, 1, 2, 3)
+PILOT_CELLS = ("fp32/none/n4", "fp8-router/none/n4")
+LR = None  # set from the pilot, with its reason, before the grid runs
+CADENCES = {"--eval-every": 50, "--val-every": 25, "--fidelity-every": 0, "--mismatch-every": 1,  # r3/config.py's
+            "--save-every": 50, "--dump-every": 50, "--lr-warmup": 10}                         # defaults
+TESTS = [("fp8-router/none/n{N}", "fp8-router/r3/n{N}"), ("fp8-router/none/n{N}", "fp8-router/r2/n{N}"),
+         ("fp8-router/r2/n{N}", "fp8-router/r3/n{N}"), ("fp32/none/n{N}", "fp32/r2/n{N}"),
+         ("fp8-router/none/n{N}", "fp32/none/n{N}")]
+# and, once: stale against fresh minibatches at N = 4's budget, and the two engines with fresh minibatches
+MATCHED = [("fp32/none/n4", "fp32/none/n1fresh"), ("fp8-router/none/n4", "fp8-router/none/n1fresh"),
+           ("fp8-router/none/n1fresh", "fp32/none/n1fresh")]
+
+
+def grid_cells() -> list[str]:
+    cells = [f"{e}/{a}/n{n}" for n in MINI_STEPS for e, arms in ENGINES.items() for a in arms]
+    return cells + ["fp32/none/n1fresh", "fp8-router/none/n1fresh"]
+
+
+def alias(cell: str) -> str:
+    """The cell whose runs this one uses: r2 at one mini-step is none (R2 replays the update's own routes)."""
+    e, a, n = cell.split("/")
+    return f"{e}/none/n1" if (a, n) == ("r2", "n1") else cell
+
+
+def flag_value(flags: list[str], name: str, default: str) -> str:
+    return flags[flags.index(name) + 1] if name in flags else default
+
+
+def set_flag(flags: list[str], name: str, value: str) -> list[str]:
+    out = list(flags)
+    if name in out:
+        out[out.index(name) + 1] = value
+    else:
+        out += [name, value]
+    return out
+
+
+def cell_run(cell: str, seed: int, lr: float, runs_dir: str, common: str = HEADLINE,
+             steps: int = STEPS) -> tuple[str, list[str], int]:
+    """(out_dir, train.py flags, steps) of one run of a (non-aliased) cell."""
+    e, a, n = cell.split("/")
+    flags = [*with_lr(common, lr).split(), "--replay", a, "--rollout-dtype", e, "--seed", str(seed)]
+    if n.endswith("fresh"):
+        flags = set_flag(flags, "--prompts-per-step", str(int(flag_value(flags, "--prompts-per-step", "16")) // FRESH))
+        for name, default in CADENCES.items():
+            flags = set_flag(flags, name, str(int(flag_value(flags, name, str(default))) * FRESH))
+        flags, steps = set_flag(flags, "--mini-steps", "1"), steps * FRESH
+    else:
+        flags = set_flag(flags, "--mini-steps", n[1:])
+    return os.path.join(runs_dir, f"{e}-{a}-{n}-lr{lr:g}-s{seed}"), flags, steps
+
+
+def blocks(rows: list[dict], k: int) -> list[dict]:
+    """k consecutive steps as one (n1fresh: the samples of one N = 4 step): mean reward, the last held-out
+    evaluation, the largest grad norm, the sum of losses; step = the block's index."""
+    if k == 1:
+        return rows
+    out = []
+    for i in range(0, len(rows) - len(rows) % k, k):
+        b = rows[i:i + k]
+        evals = [r for r in b if r.get("eval/accuracy") is not None]
+        out.append(dict(step=i // k, reward=sum(r["reward"] for r in b) / k, loss=sum(r["loss"] for r in b),
+                        grad_norm=max(r["grad_norm"] for r in b), kl=_mean([r.get("kl") for r in b]),
+                        **({"eval/accuracy": evals[-1]["eval/accuracy"]} if evals else {})))
+    return out
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None and x == x]
+    return sum(xs) / len(xs) if xs else None
+
+
+def sustained_collapse(rows: list[dict]) -> tuple[int | None, str | None]:
+    """RULE (primary) on one run's metrics rows: (first collapsed step, why) or (None, None). Each criterion gives
+    its first step; the earliest wins."""
+    found = []
+    bad = [r["step"] for r in rows if not all(math.isfinite(r[k]) for k in ("loss", "grad_norm"))]
+    if RULE["nonfinite"] and bad:
+        found.append((bad[0], "nonfinite"))
+    ema, peak, low_since = None, -math.inf, None
+    for i, r in enumerate(rows):
+        d = RULE["reward_ema_decay"]
+        ema = r["reward"] if ema is None else d * ema + (1 - d) * r["reward"]
+        if i < RULE["peak_after_steps"]:
+            continue
+        peak = max(peak, ema)
+        low_since = None if ema > peak - RULE["reward_drop"] else r["step"] if low_since is None else low_since
+        if low_since is not None and r["step"] - low_since + 1 >= RULE["reward_steps"]:
+            found.append((low_since, "reward_drop"))
+            break
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
+    best, streak = -math.inf, []
+    for j, (step, acc) in enumerate(evals):
+        best = max(best, acc)
+        streak = streak + [step] if acc <= best - RULE["heldout_drop"] else []
+        if len(streak) >= RULE["heldout_consecutive"] or (streak and j == len(evals) - 1):
+            found.append((streak[0], "heldout_drop"))
+            break
+    return min(found) if found else (None, None)
+
+
+def max_drawdown(rows: list[dict]) -> float | None:
+    accs = [r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None]
+    best, dd = -math.inf, 0.0
+    for a in accs:
+        best = max(best, a)
+        dd = max(dd, best - a)
+    return dd if accs else None
+
+
+def run_summary(out: str, rows: list[dict], k: int) -> dict:
+    b = blocks(rows, k)
+    step, why = sustained_collapse(b)
+    step2, why2 = collapse_step(b)
+    accs = [r["eval/accuracy"] for r in b if r.get("eval/accuracy") is not None]
+    finite = [r["grad_norm"] for r in rows if math.isfinite(r["grad_norm"])]
+    prov = os.path.join(out, "provenance.json")
+    commit = json.load(open(prov)).get("commit") if os.path.exists(prov) else None
+    return dict(collapse_step=step, why=why, secondary_step=step2, secondary_why=why2, max_drawdown=max_drawdown(b),
+                best_heldout=max(accs, default=None), final_heldout=accs[-1] if accs else None,
+                max_grad_norm=max(finite, default=None), mean_kl=_mean([r.get("kl") for r in rows]),
+                mean_staleness_flips=_mean([r.get("staleness/router_flip_rate") for r in rows]),
+                mean_engine_flips=_mean([r.get("router_flip_rate") for r in rows]),
+                max_abs_log_ratio=max((r["grpo/max_abs_log_ratio"] for r in rows if "grpo/max_abs_log_ratio" in r),
+                                      default=None), steps=len(b), commit=commit[:10] if commit else None)
+
+
+def sweep(args, cells: list[str], seeds, lr: float, runs_dir: str) -> dict:
+    """Run (or, without `launch`, only read) every (cell, seed), seed-major so a partial grid is balanced.
+    Returns {cell: {seed: (out, rows, block size, samples per step)}} for finished runs."""
+    plan = [(c, s, *cell_run(c, s, lr, runs_dir, args.common, args.steps)) for s in seeds for c in cells
+            if alias(c) == c]
+    if not args.report:
+        run_all([(out, flags, steps) for _, _, out, flags, steps in plan], jobs=args.jobs,
+                log_dir=os.path.join(runs_dir, "logs"))
+    done = {}
+    for c, s, out, flags, steps in plan:
+        if is_done(out, steps):
+            samples = int(flag_value(flags, "--prompts-per-step", "16")) * int(flag_value(flags, "--group-size", "8"))
+            done.setdefault(c, {})[s] = (out, read_jsonl(os.path.join(out, "metrics.jsonl")),
+                                         FRESH if c.endswith("fresh") else 1, samples)
+    for c in cells:  # aliased cells read their twin's runs
+        if alias(c) != c and alias(c) in done:
+            done[c] = done[alias(c)]
+    return done
+
+
+def summarize(done: dict, cells: list[str]) -> dict:
+    out = {}
+    for c in cells:
+        runs = {s: run_summary(o, rows, k) for s, (o, rows, k, _) in sorted(done.get(c, {}).items())}
+        out[c] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
+                      secondary_collapsed=sum(r["secondary_step"] is not None for r in runs.values()),
+                      alias_of=None if alias(c) == c else alias(c), runs=runs)
+    return out
+
+
+def tests(cells: dict) -> list[dict]:
+    res, seen = [], set()
+    pairs = [(a.format(N=n), b.format(N=n)) for n in MINI_STEPS for a, b in TESTS] + MATCHED
+    for a, b in pairs:
+        if a not in cells or b not in cells or alias(a) == alias(b) or (alias(a), alias(b)) in seen:
+            continue
+        seen.add((alias(a), alias(b)))
+        ca, cb = cells[a], cells[b]
+        res.append(dict(a=a, b=b, metric="collapsed", p=fisher_exact(ca["collapsed"], ca["n"], cb["collapsed"],
+                                                                       cb["n"]),
+                        effect=(ca["collapsed"] / ca["n"] - cb["collapsed"] / cb["n"]) if ca["n"] and cb["n"]
+                        else None, counts=f"{ca['collapsed']}/{ca['n']} vs {cb['collapsed']}/{cb['n']}"))
+        da, db = ([r["max_drawdown"] for r in c["runs"].values() if r["max_drawdown"] is not None] for c in (ca, cb))
+        res.append(dict(a=a, b=b, metric="max_drawdown", p=permutation_test(da, db),
+                        effect=_mean(da) - _mean(db) if da and db else None,
+                        counts=f"mean {fmt(_mean(da))} vs {fmt(_mean(db))}"))
+    return res
+
+
+def cell_table(cells: dict, names: list[str]) -> str:
+    lines = ["| cell | collapsed (sustained) | collapsed (any dip) | max drawdown: median [min, max] | "
+             "best / final held-out (mean) | median max grad norm | mean kl | staleness flips | engine flips |",
+             "|---" * 9 + "|"]
+    for c in names:
+        d = cells[c]
+        rs = list(d["runs"].values())
+        dd = sorted(r["max_drawdown"] for r in rs if r["max_drawdown"] is not None)
+        gn = sorted(r["max_grad_norm"] for r in rs if r["max_grad_norm"] is not None)
+        steps = [r["collapse_step"] for r in rs if r["collapse_step"] is not None]
+        name = c + (f" (= {d['alias_of']}: R2 is the identity at one mini-step)" if d["alias_of"] else "")
+        lines.append(f"| {name} | {d['collapsed']} of {d['n']}{' @ ' + str(sorted(steps)) if steps else ''} | "
+                     f"{d['secondary_collapsed']} of {d['n']} | "
+                     f"{fmt(dd[len(dd) // 2] if dd else None)} [{fmt(dd[0] if dd else None)}, "
+                     f"{fmt(dd[-1] if dd else None)}] | {fmt(_mean([r['best_heldout'] for r in rs]))} / "
+                     f"{fmt(_mean([r['final_heldout'] for r in rs]))} | {fmt(gn[len(gn) // 2] if gn else None)} | "
+                     f"{fmt(_mean([r['mean_kl'] for r in rs]))} | {fmt(_mean([r['mean_staleness_flips'] for r in rs]))}"
+                     f" | {fmt(_mean([r['mean_engine_flips'] for r in rs]))} |")
+    return "\n".join(lines)
+
+
+def tests_table(ts: list[dict]) -> str:
+    lines = ["| a | b | metric | a vs b | effect (a - b) | p |", "|---|---|---|---|---|---|"]
+    lines += [f"| {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])} | {t['p']:.3g} |"
+              for t in ts]
+    return "\n".join(lines)
+
+
+def plot(done: dict, cells: dict, title: str, path: str) -> None:
+    """Held-out accuracy against samples seen, median and min-max over seeds, one panel per cell: rows N = 1, 4, 8;
+    in the N = 1 row the r2 panels (aliases) show the n1fresh controls instead."""
+    cols = [(e, a) for e, arms in ENGINES.items() for a in arms]
+    fig, axes = plt.subplots(len(MINI_STEPS), len(cols), figsize=(4 * len(cols), 3 * len(MINI_STEPS)),
+                             sharex=True, sharey=True, squeeze=False)
+    for i, n in enumerate(MINI_STEPS):
+        for j, (e, a) in enumerate(cols):
+            c = f"{e}/{a}/n{n}"
+            c = f"{e}/none/n1fresh" if alias(c) != c else c
+            ax = axes[i][j]
+            series = []
+            for _, rows, _, per_step in done.get(c, {}).values():
+                series.append([((r["step"] + 1) * per_step, r["eval/accuracy"]) for r in rows
+                               if r.get("eval/accuracy") is not None])
+            if series:
+                xs = sorted({x for s in series for x, _ in s})
+                at = [sorted(v for v in (dict(s).get(x) for s in series) if v is not None) for x in xs]
+                ax.fill_between(xs, [v[0] for v in at], [v[-1] for v in at], alpha=0.25, label="min-max")
+                ax.plot(xs, [v[len(v) // 2] for v in at], lw=1.5, label="median")
+            d = cells.get(c, dict(collapsed=0, n=0))
+            ax.set_title(f"{c}: {d['collapsed']}/{d['n']} collapsed", fontsize=9)
+            ax.set_ylim(-0.02, 1.02)
+            if i == len(MINI_STEPS) - 1:
+                ax.set_xlabel("samples seen")
+            if j == 0:
+                ax.set_ylabel("held-out accuracy")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def pilot(args, t0: float) -> None:
+    done = {}
+    for lr in args.pilot_lrs:
+        d = sweep(args, list(PILOT_CELLS), args.pilot_seeds, lr, os.path.join(args.out, "pilot_runs"))
+        done[lr] = summarize(d, list(PILOT_CELLS))
+    lines = ["| lr | cell | collapsed (sustained) | collapse steps | collapsed (any dip) | max drawdowns | "
+             "final held-out |", "|---|---|---|---|---|---|---|"]
+    for lr, cells in done.items():
+        for c, d in cells.items():
+            rs = d["runs"].values()
+            lines.append(f"| {lr:g} | {c} | {d['collapsed']} of {d['n']} | "
+                         f"{[r['collapse_step'] for r in rs]} | {d['secondary_collapsed']} of {d['n']} | "
+                         f"{', '.join(fmt(r['max_drawdown']) for r in rs)} | "
+                         f"{', '.join(fmt(r['final_heldout']) for r in rs)} |")
+    complete = all(d["n"] == len(args.pilot_seeds) for cells in done.values() for d in cells.values())
+    key = "fp8-router/none/n4"
+    choice = min(args.pilot_lrs, key=lambda lr: (abs(done[lr][key]["collapsed"] - len(args.pilot_seeds) / 2), lr))
+    verdict = (f"LR by the pre-registered pilot rule (fp8-router/none/n4 collapse count closest to half the seeds; "
+               f"ties: the lower lr): {choice:g}" if complete else "**partial**: not every pilot run has finished")
+    table = "\n".join(lines)
+    print(table + "\n\n" + verdict)
+    write_results(os.path.join(args.out, "pilot.json"),
+                  dict(rule=RULE, rule_text=RULE_TEXT, lrs=args.pilot_lrs, seeds=args.pilot_seeds, steps=args.steps,
+                       complete=complete, choice=choice if complete else None,
+                       cells={f"{lr:g}/{c}": d for lr, cells in done.items() for c, d in cells.items()}), t0=t0,
+                  md=f"Rule (fixed before any run): {RULE_TEXT}.\n\nEvery run: `{args.common}` with its cell's --lr, "
+                     f"--replay none, --rollout-dtype and --mini-steps 4; seeds {list(args.pilot_seeds)}, "
+                     f"{args.steps} steps.\n\n{table}\n\n{verdict}")
+
+
+def grid(args, t0: float) -> None:
+    if LR is None and args.lr is None:
+        raise SystemExit("error: LR is not set yet: run `python -m experiments.staleness --pilot`, then write its "
+                         "choice and reason into experiments/staleness.py (LR) before the grid runs")
+    lr = args.lr if args.lr is not None else LR
+    cells = grid_cells()
+    done = sweep(args, cells, args.seeds, lr, os.path.join(args.out, "runs"))
+    summ = summarize(done, cells)
+    ts = tests(summ)
+    complete = all(d["n"] == len(args.seeds) for d in summ.values())
+    status = "" if complete else (f"**partial**: {sum(d['n'] for c, d in summ.items() if alias(c) == c)} of "
+                                  f"{len([c for c in cells if alias(c) == c]) * len(args.seeds)} runs finished; "
+                                  f"counts are out of the seeds finished per cell")
+    commits = sorted({r["commit"] for d in summ.values() for r in d["runs"].values() if r["commit"]})
+    common = with_lr(args.common, lr)
+    parts = [f"Rule (fixed before any run): {RULE_TEXT}.", f"Every run: `{common}` with its cell's "
+             f"--replay, --rollout-dtype and --mini-steps; {args.steps} steps (n1fresh: {args.steps * FRESH} "
+             f"steps with a "
+             f"quarter of the prompts, read in blocks of {FRESH}); seeds {list(args.seeds)}; runs made at "
+             f"{', '.join(commits) or '—'}.", status]
+    for n in MINI_STEPS:
+        names = [c for c in cells if c.split("/")[2] in (f"n{n}", f"n{n}fresh")]
+        parts.append(f"### N = {n} mini-step{'s' if n > 1 else ''}\n\n{cell_table(summ, names)}")
+    parts.append("### Tests (Fisher's exact on collapse counts, exact permutation on max drawdown)\n\n"
+                 + tests_table(ts))
+    md = "\n\n".join(p for p in parts if p)
+    print(md)
+    plot(done, summ, f"{common}; {status or 'complete'}", os.path.join(args.out, "grid.png"))
+    write_results(os.path.join(args.out, "grid.json"),
+                  dict(steps=args.steps, lr=lr, seeds=list(args.seeds), rule=RULE_TEXT, rule_params=RULE,
+                       complete=complete, common=common, cells=summ, tests=ts), t0=t0, md=md)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pilot", action="store_true", help="run (or report) the pilot instead of the grid")
+    p.add_argument("--report", action="store_true", help="launch nothing: tables from the finished runs")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="grid seeds")
+    p.add_argument("--pilot-seeds", type=int, nargs="+", default=list(PILOT_SEEDS), help="pilot seeds")
+    p.add_argument("--pilot-lrs", type=float, nargs="+", default=list(PILOT_LRS), help="pilot learning rates")
+    p.add_argument("--lr", type=float, default=None, help="override LR (tests and probes; not the grid's)")
+    p.add_argument("--common", default=HEADLINE, help="train.py flags every cell shares (tests and probes only)")
+    p.add_argument("--steps", type=int, default=STEPS, help="steps per run (tests and probes only)")
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
+    p.add_argument("--out", default="results/staleness", help="output folder (runs in OUT/runs, OUT/pilot_runs)")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    print(f"rule (pre-registered): {RULE_TEXT}")
+    t0 = time.time()
+    (pilot if args.pilot else grid)(args, t0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""Tests over seeds for the pre-registered grids (experiments/staleness.py, experiments/length.py). Exact, no SciPy.
+
+  fisher_exact(a, n_a, b, n_b)   two-sided p of Fisher's exact test: a of n_a runs collapsed against b of n_b
+                                 (the sum of the hypergeometric probabilities no larger than the observed table's,
+                                 SciPy's `fisher_exact` convention)
+  permutation_test(xs, ys)       two-sided p of the difference in means of two samples: the fraction of the
+                                 relabellings of the pooled values whose |mean difference| is at least the
+                                 observed one; exact over every split up to EXACT_MAX splits, else Monte Carlo
+                                 with a seeded generator (MC_DRAWS draws, the observed split counted)
+Both return 1.0 when a side is empty (no evidence either way).
+"""
+import itertools
+import math
+import random
+
+EXACT_MAX = 200_000
+MC_DRAWS = 100_000
+TOL = 1e-9  # ties in floating point: a split as extreme as the observed one up to rounding counts as extreme
+
+
+def fisher_exact(a: int, n_a: int, b: int, n_b: int) -> float:
+    if not (0 <= a <= n_a and 0 <= b <= n_b):
+        raise ValueError(f"counts out of range: {a}/{n_a} vs {b}/{n_b}")
+    if n_a == 0 or n_b == 0:
+        return 1.0
+    k, n = a + b, n_a + n_b
+
+    def prob(x: int) -> float:
+        return math.comb(n_a, x) * math.comb(n_b, k - x) / math.comb(n, k)
+    observed = prob(a)
+    return min(1.0, sum(p for x in range(max(0, k - n_b), min(k, n_a) + 1)
+                        if (p := prob(x)) <= observed * (1 + 1e-7)))
+
+
+def permutation_test(xs: list[float], ys: list[float], seed: int = 0) -> float:
+    if not xs or not ys:
+        return 1.0
+    pooled, n = list(xs) + list(ys), len(xs)
+    total = sum(pooled)
+    observed = abs(sum(xs) / n - sum(ys) / len(ys))
+
+    def extreme(first_sum: float) -> bool:
+        return abs(first_sum / n - (total - first_sum) / len(ys)) >= observed - TOL
+
+    if math.comb(len(pooled), n) <= EXACT_MAX:
+        splits = list(itertools.combinations(range(len(pooled)), n))
+        return sum(extreme(sum(pooled[i] for i in s)) for s in splits) / len(splits)
+    rng = random.Random(seed)
+    hits = sum(extreme(sum(rng.sample(pooled, n))) for _ in range(MC_DRAWS))
+    return (hits + 1) / (MC_DRAWS + 1)
