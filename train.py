@@ -49,7 +49,8 @@ from r3.process import configure_cpu
 from r3.provenance import stamp
 from r3.remote import make_engine
 from r3.runfolder import RunFolder, RunFolderError, append_metrics, check_resume, check_steps, truncate_metrics
-from r3.score import OldPolicy, old_policy_pass, token_logp, update_reads_pass, without_pass
+from r3.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
+                      without_pass)
 from r3.tasks import EOS, PAD, make_task
 from r3.warmup import preset_config, warmed_up_model
 
@@ -172,7 +173,7 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]],
         b = r.batch
         replay = None if o.routes is None else o.routes[rows]  # R3: the engine's routes; R2: π_old's; none
         out = token_logp(model, b.tokens[rows], b.attn_mask[rows], replay, temperature=cfg.temperature,
-                         chunk=run.chunk)
+                         chunk=run.chunk, groups=batch_groups(b, rows))
         loss, lm = policy_loss(out.logp, o.pi_old(b, cfg.old_logp)[rows], r.adv[rows], b.loss_mask[rows],
                                clip_low=cfg.clip_range[0], clip_high=cfg.clip_range[1],
                                rollout_logp_BT=b.rollout_logp[rows], denominator=denominator, **kw)
@@ -194,7 +195,8 @@ def drift(model, batch, rows, own_now, own_old) -> float:
     """Router flip rate between the trainer's own routes now (`own_now`, or a normal forward when the update
     replayed routes) and at the old-policy pass, over the response tokens of `rows`."""
     if own_now is None:
-        own_now = model(batch.tokens[rows][:, :-1], valid_BT=batch.attn_mask[rows][:, :-1], return_hidden=True)[1]
+        own_now = forward(model, batch.tokens[rows][:, :-1], batch.attn_mask[rows][:, :-1], None,
+                          batch_groups(batch, rows), return_hidden=True)[1]
     return flip_stats(own_now, own_old, batch.loss_mask[rows])["router_flip_rate"]
 
 
@@ -297,7 +299,7 @@ def validate(run: Run, step: int) -> float | None:
     b = run.engine.generate([e.prompt for e in run.val_examples], max_new_tokens=run.max_new, eos_ids=run.eos_ids,
                             pad_id=run.pad_id, group_size=2, temperature=cfg.temperature, top_p=cfg.top_p,
                             generator=g)
-    kw = dict(temperature=cfg.temperature, chunk=run.chunk)
+    kw = dict(temperature=cfg.temperature, chunk=run.chunk, groups=batch_groups(b))
     normal = token_logp(model, b.tokens, b.attn_mask, None, **kw).logp
     replay = token_logp(model, b.tokens, b.attn_mask, b.routes, **kw).logp
     return kl_k3(normal, replay, b.loss_mask)

@@ -87,7 +87,11 @@ class TrainConfig(SamplingConfig):
     grad_clip: float = flag(1.0, "max grad norm (the logged grad_norm is the largest pre-clip norm among the "
                                  "step's mini-steps)", domain=CLIP_NORM)
     mini_steps: int = flag(4, "optimizer steps per rollout batch (minibatches); > 1 is off-policy", domain=INT_GE1)
-    loss: str = flag("grpo", "policy loss (see r3/grpo.py)", choices=["grpo", "dr_grpo", "gspo"])
+    loss: str = flag("grpo", "policy loss (see r3/grpo.py): grpo, dr_grpo, gspo, or seq_is, the untruncated "
+                             "sequence-level importance-weighted policy gradient, -sg[w(y)] A sum_t log pi(y_t) with "
+                             "w(y) = pi_theta(y) / pi_engine(y), no clipping; --is-correction tis / mis then "
+                             "truncate w at C or drop rows outside [1/C, C]",
+                     choices=["grpo", "dr_grpo", "gspo", "seq_is"])
     clip_low: float | None = flag(None, "clip ε low (default 0.2; gspo 3e-4)", domain=NONNEG)
     clip_high: float | None = flag(None, "clip ε high (default 0.28; gspo 4e-4)", domain=NONNEG)
     old_logp: str = flag("trainer", "π_old in the PPO ratio: trainer (the fp32 old-policy pass, the default) or "
@@ -167,7 +171,9 @@ class TrainConfig(SamplingConfig):
                              "fp32 engine)")
         if self.group_size < 2:
             raise ValueError("--group-size must be >= 2: GRPO advantages need a group")
-        if self.is_correction != "none" and self.old_logp == "engine":
+        if self.loss == "seq_is" and self.is_correction == "icepop":
+            raise ValueError("--loss seq_is corrects its sequence weight with --is-correction tis or mis, not icepop")
+        if self.is_correction != "none" and self.old_logp == "engine" and self.loss != "seq_is":
             raise ValueError(f"--is-correction {self.is_correction} weighs tokens by π_old / π_engine, which is 1 "
                              f"when --old-logp engine makes π_old the engine's: use --old-logp trainer")
         if self.dense and self.replay != "none":

@@ -20,7 +20,7 @@ import torch
 
 from r3.collect import reward_batch
 from r3.grpo import group_advantages, policy_loss
-from r3.score import old_policy_pass, token_logp, update_reads_pass, without_pass
+from r3.score import batch_groups, old_policy_pass, token_logp, update_reads_pass, without_pass
 
 
 def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sample_kw: dict, loss_kw: dict,
@@ -34,7 +34,7 @@ def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sampl
                           measure=False) if update_reads_pass(replay, old_logp) else without_pass(batch, replay)
     model.zero_grad(set_to_none=True)
     logp = token_logp(model, batch.tokens, batch.attn_mask, old.routes, temperature=sample_kw["temperature"],
-                      chunk=chunk).logp
+                      chunk=chunk, groups=batch_groups(batch)).logp
     loss, _ = policy_loss(logp, old.pi_old(batch, old_logp), adv, batch.loss_mask, rollout_logp_BT=batch.rollout_logp,
                           **loss_kw)
     loss.backward()

@@ -12,6 +12,12 @@ Policy losses (`policy_loss`), ρ_t = π_θ(y_t) / π_old(y_t), with π_old the 
            Dr. GRPO's unbiased normalisation (use with `normalize_std=False`).
   gspo     sequence ratio s_i = exp(mean_t log ρ_t), clipped at sequence level; the token gradient uses
            s_i · π_θ(y_t)/sg[π_θ(y_t)] (GSPO-token form, equal to GSPO for a sequence-level advantage).
+  seq_is   the untruncated sequence-level importance-weighted policy gradient, no clipping:
+           −sg[w(y)] · A · Σ_t log π_θ(y_t), w(y) = exp Σ_t (log π_θ(y_t) − log π_rollout(y_t)), over all response
+           tokens of the batch (token-mean, as grpo). w carries the whole train/inference mismatch of the sequence:
+           Var[log w] ≈ 2·KL·T grows with the response length T. --is-correction applies to w(y): tis truncates it
+           at C, mis drops the rows outside [1/C, C] (their tokens stay in the denominator). Logged: seq_is/ess_frac
+           = (Σw)² / Σw² / rows (the effective sample size of the raw weights), seq_is/max_log_w, seq_is/var_log_w.
 
 Rollout correction (`--is-correction`), w_t = π_old(y_t) / π_rollout(y_t), the engine-vs-trainer mismatch ratio:
   tis     multiply each token's loss by min(w_t, C)                        (truncated IS, Yao et al.)
@@ -73,8 +79,11 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
     """The loss `loss` over these rows and its metrics. denominator: divide the summed loss by this (e.g. the
     `loss_denominator` summed over every data shard of the step) instead of this batch's own count."""
     mask = mask_BT.bool()
-    if is_correction != "none" and rollout_logp_BT is None:
-        raise ValueError(f"is-correction {is_correction!r} needs the rollout log-probs")
+    if (is_correction != "none" or loss == "seq_is") and rollout_logp_BT is None:
+        raise ValueError(f"loss {loss!r} with is-correction {is_correction!r} needs the rollout log-probs")
+    if loss == "seq_is":
+        return seq_is_loss(logp_BT, old_logp_BT, rollout_logp_BT, adv_B, mask, is_correction=is_correction,
+                           is_cap=is_cap, denominator=denominator)
     w_BT, mask, is_metrics = correction_weights(old_logp_BT, rollout_logp_BT if rollout_logp_BT is not None
                                                 else old_logp_BT, mask, kind=is_correction, cap=is_cap)
     A = adv_B[:, None]
@@ -101,7 +110,7 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
             value = (tok * mask).sum() / (mask.shape[0] * (max_len or mask.shape[1]) if denominator is None
                                           else denominator)
         else:
-            raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")
+            raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo, seq_is")
         clip_frac = _frac((clipped * A < ratio * A).detach(), mask)  # clipping active: min() took the clipped term
         ratio_mean = float(ratio.detach()[mask].mean()) if mask.any() else 1.0
     max_log_ratio = float(log_ratio.detach().abs().max()) if log_ratio.numel() else 0.0  # 0 off the mask
@@ -109,11 +118,41 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
                    "grpo/max_abs_log_ratio": max_log_ratio, **is_metrics}
 
 
+def seq_is_loss(logp_BT, old_logp_BT, rollout_logp_BT, adv_B, mask_BT, *, is_correction: str, is_cap: float,
+                denominator: float | None) -> tuple[torch.Tensor, dict]:
+    """`policy_loss(loss="seq_is")`: see the module docstring."""
+    if is_correction not in ("none", "tis", "mis"):
+        raise ValueError(f"seq_is corrects its sequence weight with tis or mis, not {is_correction!r}")
+    has = mask_BT.any(-1)
+    log_w = (logp_BT - rollout_logp_BT).detach().masked_fill(~mask_BT, 0.0).sum(-1)
+    w, keep, metrics = log_w.exp(), has, {}
+    if is_correction == "tis":
+        metrics["is/truncated_frac"] = float((w > is_cap)[has].float().mean()) if has.any() else 0.0
+        w = w.clamp(max=is_cap)
+    elif is_correction == "mis":
+        keep = has & (log_w.abs() <= math.log(is_cap))
+        metrics["is/masked_frac"] = float((~keep & has).sum() / has.sum().clamp(min=1))
+    tok = -(w * adv_B * keep)[:, None] * logp_BT
+    value = (tok * mask_BT).sum() / (mask_BT.sum().clamp(min=1) if denominator is None else denominator)
+    lw = log_w[has].double()
+    raw = lw.exp()
+    log_ratio = (logp_BT - old_logp_BT).detach().masked_fill(~mask_BT, 0.0)
+    return value, {"grpo/loss": float(value.detach()), "grpo/clip_frac": 0.0,
+                   "grpo/ratio_mean": float(log_ratio.exp()[mask_BT].mean()) if mask_BT.any() else 1.0,
+                   "grpo/max_abs_log_ratio": float(log_ratio.abs().max()) if log_ratio.numel() else 0.0,
+                   "seq_is/ess_frac": float(raw.sum() ** 2 / (raw ** 2).sum() / len(lw)) if len(lw) else None,
+                   "seq_is/max_log_w": float(lw.max()) if len(lw) else None,
+                   "seq_is/var_log_w": float(lw.var(unbiased=False)) if len(lw) else None, **metrics}
+
+
 def loss_denominator(old_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, mask_BT: torch.Tensor, *,
                      loss: str, is_correction: str = "none", is_cap: float = 2.0, max_len: int | None = None) -> float:
     """What `policy_loss` divides its sum by for these rows (before the clamp at 1): kept response tokens (grpo),
-    rows × max_len (dr_grpo), or sequences with a kept token (gspo). Summed over the data shards of a step, it turns
-    per-shard losses into one loss over the whole step (`policy_loss(..., denominator=total)`)."""
+    rows × max_len (dr_grpo), or sequences with a kept token (gspo), every response token (seq_is). Summed over the
+    data shards of a step, it turns per-shard losses into one loss over the whole step
+    (`policy_loss(..., denominator=total)`)."""
+    if loss == "seq_is":
+        return float(mask_BT.sum())
     _, mask, _ = correction_weights(old_logp_BT, rollout_logp_BT, mask_BT.bool(), kind=is_correction, cap=is_cap)
     if loss == "grpo":
         return float(mask.sum())
@@ -121,4 +160,4 @@ def loss_denominator(old_logp_BT: torch.Tensor, rollout_logp_BT: torch.Tensor, m
         return float(mask.shape[0] * (max_len or mask.shape[1]))
     if loss == "gspo":
         return float(mask.any(-1).sum())
-    raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo")
+    raise ValueError(f"unknown loss {loss!r}; choose from grpo, dr_grpo, gspo, seq_is")

@@ -203,8 +203,10 @@ class Attention(nn.Module):
         q, k = (qk * cos + rotate_half(qk) * sin).split([H, Hkv], 2)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x_BTD, cos, sin, mask, kv_cache: KVCache | None, layer: int):
-        """`mask`: bool [B, 1, T, S] (True = may attend), [B, 1, 1, S] for one new position, or None = causal."""
+    def forward(self, x_BTD, cos, sin, mask, kv_cache: KVCache | None, layer: int, *, prefix=None, kv_out=None):
+        """`mask`: bool [B, 1, T, S] (True = may attend), [B, 1, 1, S] for one new position, or None = causal.
+        `prefix`: (k, v) [B, Hkv, P, hd] of P earlier positions to attend to (r3/prefix.py; S = P + T); `kv_out`:
+        a list this call appends its own (k, v) to."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape
         if self.qkv_proj is None:
@@ -223,6 +225,10 @@ class Attention(nn.Module):
             kv_cache.k[layer, :, :, start:start + T] = k
             kv_cache.v[layer, :, :, start:start + T] = v
             k, v = kv_cache.k[layer, :, :, :start + T], kv_cache.v[layer, :, :, :start + T]  # views, no copy
+        if kv_out is not None:
+            kv_out.append((k, v))
+        if prefix is not None:
+            k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
         Hkv = cfg.num_key_value_heads
         if T == 1:  # decode: [B, H, 1, hd] -> [B, Hkv, H / Hkv, hd], one key-padding mask row for all of them
             out = F.scaled_dot_product_attention(q.reshape(B, Hkv, -1, cfg.head_dim), k, v, attn_mask=mask)

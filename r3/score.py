@@ -12,6 +12,9 @@ gives the token the engine sampled at p+1: the same indexing as `Batch.rollout_l
                    the pass when the update reads nothing it computes (`update_reads_pass` is False: no R2, the
                    engine's π_old) and the step does not log the mismatch (--mismatch-every)
   score            `token_logp` over a Batch, zero off `loss_mask`, replaying the recorded routes on request
+  forward          the trainer's forward: each GRPO group's prompt computed once (r3/prefix.py) when the rows
+                   share it (`groups`: `batch_groups`), else the plain forward; the same numbers up to rounding.
+                   Every pass above goes through it (FSDP-sharded models take the plain forward)
 
 Replay modes: "none" (the router's own top-k), "r3" (the engine's recorded `batch.routes`), "r2" (the update
 replays the routes this pass used; the pass itself routes normally).
@@ -31,9 +34,12 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from torch.distributed.fsdp import FSDPModule
+
 from r3.batch import Batch
 from r3.metrics import masked_mean, mismatch
 from r3.model import Transformer
+from r3.prefix import forward_shared_prefix, shared_prefix
 
 FULL_VOCAB_MAX = 4096  # keep the [B, T-1, V] log-softmax only up to this vocabulary size (toy: always)
 REPLAY_MODES = ("none", "r2", "r3")
@@ -51,17 +57,39 @@ class TokenLogp(NamedTuple):
     entropy: torch.Tensor | None       # [B, T-1]; None unless asked for
 
 
+def batch_groups(batch: Batch, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, int | None]:
+    """(group of each row, prompt length) of a Batch, or of its `rows`: what `forward` shares prompts by."""
+    return (batch.group if rows is None else batch.group[rows]), batch.meta.get("prompt_len")
+
+
+def forward(model: Transformer, ids_BT: torch.Tensor, valid_BT: torch.Tensor, routes, groups=None,
+            return_hidden: bool = False):
+    """`model(ids, valid_BT=..., routes_BTLK=..., return_hidden=...)`, with each group's prompt computed once when
+    `groups` = (group_B, prompt_len) and the rows share their prompts (`r3.prefix.shared_prefix` checks)."""
+    shared = None if groups is None or _sharded(model) else shared_prefix(ids_BT, valid_BT, *groups, routes)
+    if shared is None:
+        return model(ids_BT, valid_BT=valid_BT, routes_BTLK=routes, return_hidden=return_hidden)
+    return forward_shared_prefix(model, ids_BT, valid_BT=valid_BT, routes_BTLK=routes, shared=shared,
+                                 return_hidden=return_hidden)
+
+
+def _sharded(model: Transformer) -> bool:
+    """FSDP2 gathers a block's weights when the block is called; the shared forward calls its parts."""
+    return isinstance(model.model.layers[0], FSDPModule)
+
+
 def token_logp(model: Transformer, tokens_BT: torch.Tensor, valid_BT: torch.Tensor, routes, *, temperature: float,
-               chunk: int, with_entropy: bool = False) -> TokenLogp:
-    """Trainer log-probs of tokens[:, 1:] given tokens[:, :-1], replaying `routes` when given.
+               chunk: int, with_entropy: bool = False, groups=None) -> TokenLogp:
+    """Trainer log-probs of tokens[:, 1:] given tokens[:, :-1], replaying `routes` when given; `groups`
+    (`batch_groups`) lets `forward` compute each group's prompt once.
     chunk = 0: full logits; > 0: `chunked_logprobs`, `chunk` positions at a time."""
     inputs, targets, valid = tokens_BT[:, :-1], tokens_BT[:, 1:], valid_BT[:, :-1]
     if chunk == 0:
-        logits, used = model(inputs, valid_BT=valid, routes_BTLK=routes)
+        logits, used = forward(model, inputs, valid, routes, groups)
         logp_V = (logits.float() / temperature).log_softmax(-1)
         ent = -(logp_V.exp() * logp_V).sum(-1) if with_entropy else None
         return TokenLogp(logp_V.gather(-1, targets[..., None])[..., 0], logp_V, used, ent)
-    hidden, used = model(inputs, valid_BT=valid, routes_BTLK=routes, return_hidden=True)
+    hidden, used = forward(model, inputs, valid, routes, groups, return_hidden=True)
     weight = model.lm_head.weight
     logp = chunked_logprobs(hidden, weight, targets, chunk=chunk, temperature=temperature)
     ent = chunked_entropy(hidden.detach(), weight.detach(), chunk=chunk, temperature=temperature) \
@@ -112,13 +140,14 @@ def old_policy_pass(model: Transformer, batch: Batch, *, replay: str = "none", t
         raise ValueError("replay 'r3' but the batch has no recorded routes (dense model, or routes dropped)")
     chunk = default_chunk(model.cfg.vocab_size) if chunk is None else chunk
     out = token_logp(model, batch.tokens, batch.attn_mask, batch.routes if replay == "r3" else None,
-                     temperature=temperature, chunk=chunk, with_entropy=measure)
+                     temperature=temperature, chunk=chunk, with_entropy=measure, groups=batch_groups(batch))
     update_routes = {"none": None, "r3": batch.routes, "r2": out.routes}[replay]
     own = out.routes if replay != "r3" else own_routes
     if not measure:
         return OldPolicy(out.logp, update_routes, own, {})
     if own is None and replay == "r3":  # flips compare the trainer's *own* routing with the engine's
-        own = model(batch.tokens[:, :-1], valid_BT=batch.attn_mask[:, :-1], return_hidden=True)[1]
+        own = forward(model, batch.tokens[:, :-1], batch.attn_mask[:, :-1], None, batch_groups(batch),
+                      return_hidden=True)[1]
     mask = batch.loss_mask
     metrics = mismatch(out.logp, batch.rollout_logp, mask, own, batch.routes, out.logp_V, batch.rollout_logp_V)
     metrics["entropy"] = masked_mean(out.entropy, mask)
@@ -144,7 +173,7 @@ def score(model: Transformer, batch: Batch, *, replay: bool | torch.Tensor = Fal
     if keep_full is None:
         keep_full = model.cfg.vocab_size <= FULL_VOCAB_MAX
     out = token_logp(model, batch.tokens, batch.attn_mask, routes_in, temperature=temperature,
-                     chunk=0 if keep_full else 1024)
+                     chunk=0 if keep_full else 1024, groups=batch_groups(batch))
     return out._replace(logp=torch.where(batch.loss_mask, out.logp, 0.0))
 
 
