@@ -158,4 +158,5 @@ def test_a_loading_then_stalling_server_is_waited_out_and_the_run_goes_on(tmp_pa
     assert [x["step"] for x in metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
     assert stats["unavailable_answers"] >= 1 and "is ready after" in out  # 503s waited out, then on
     first = stats["generate_rids"][0]
-    assert stats["aborted"] == first and "no answer within 5 s" in out and "retrying" in out
+    assert stats["aborted"][:len(first)] == first  # every rid of the stalled request, aborted one by one
+    assert "no answer within 5 s" in out and "retrying" in out
