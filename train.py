@@ -438,7 +438,7 @@ def make_rollout_engine(cfg: TrainConfig, model):
     """The in-process engine (a cast copy of `model`), or a client of an SGLang / vLLM server (`--engine`)."""
     if cfg.engine == "local":
         return Engine(model, cfg.rollout_dtype)
-    return make_engine(cfg.engine, model.cfg, connect_wait=cfg.engine_wait,
+    return make_engine(cfg.engine, model.cfg, wait=cfg.engine_wait, timeout=cfg.engine_timeout,
                        weights_dir=cfg.weights_dir or os.path.join(cfg.out_dir(), "engine_weights"),
                        weights_dtype=torch.float32 if cfg.rollout_dtype == "fp32" else torch.bfloat16)
 

@@ -127,12 +127,18 @@ class TrainConfig(SamplingConfig):
     guard_reward_drop: float = flag(0.3, "guard: reward EMA this far below its running peak", domain=POSITIVE)
     guard_kl_max: float = flag(1.0, "guard: mismatch kl above this", domain=POSITIVE)
     engine: str = flag("local", "where rollouts are sampled: local (the in-process engine at --rollout-dtype) or "
-                                "sglang:URL / vllm:URL, a server that returns routes; its weights are synced each "
-                                "step through --weights-dir (written in --rollout-dtype: fp32, else bf16)")
-    weights_dir: str | None = flag(None, "with a server engine: a folder both the trainer and the server read, where "
+                                "sglang:URL / vllm:URL, a server that returns routes; several servers as "
+                                "sglang:URL1,URL2,... share each step's prompts and all load every weight update, "
+                                "synced each step through --weights-dir (written in --rollout-dtype: fp32, else "
+                                "bf16). Launch recipes: docs/servers.md")
+    weights_dir: str | None = flag(None, "with a server engine: a folder the trainer and every server read, where "
                                          "the trainer writes its weights each step (default OUT/engine_weights)")
-    engine_wait: float = flag(60.0, "with a server engine: seconds to keep retrying refused connections (start-up)",
-                              domain=NONNEG)
+    engine_wait: float = flag(1800.0, "with a server engine: seconds to wait at start-up for every server to "
+                                      "answer /health (refused connections and HTTP 503 are waited out; a 30B load "
+                                      "with CUDA-graph capture takes minutes)", domain=NONNEG)
+    engine_timeout: float = flag(3600.0, "with a server engine: seconds per request; then the request is aborted "
+                                         "on the server (SGLang /abort_request) and sent again, up to 3 retries",
+                                 domain=POSITIVE)
     rollouts: str | None = flag(None, "train on rollouts read from this folder (rollout.py output, or converted "
                                       "SGLang/vLLM responses; one batch folder per step, cycled) instead of "
                                       "generating them; with --r3 every sample must carry routes that fit the model")
@@ -178,9 +184,12 @@ class TrainConfig(SamplingConfig):
                              f"when --old-logp engine makes π_old the engine's: use --old-logp trainer")
         if self.dense and self.replay != "none":
             raise ValueError("--dense has no router, so there are no routes to replay: drop --r3/--replay")
-        if self.engine != "local" and not self.engine.startswith(("sglang:http", "vllm:http")):
-            raise ValueError(f"--engine {self.engine!r}: expected local, sglang:http://HOST:PORT or "
-                             f"vllm:http://HOST:PORT")
+        if self.engine != "local":
+            from r3.remote import parse_engine
+            try:
+                parse_engine(self.engine)
+            except ValueError as e:
+                raise ValueError(f"--engine: {e}, or local") from None
         if self.engine != "local" and (self.rollouts or self.dense):
             raise ValueError("--engine samples with a server: drop --rollouts / --dense (a server engine returns "
                              "routes for an MoE)")

@@ -1,9 +1,6 @@
 import os
 import signal
-import subprocess
-import sys
 
-import pytest
 import torch
 
 torch.set_num_threads(1)  # results must not depend on the machine (and CI has 2 shared cores)
@@ -28,20 +25,3 @@ def sigkill_on_call(k: int):
         return call
     counted.calls = n
     return counted
-
-
-@pytest.fixture(scope="module")
-def toy_server(tmp_path_factory):
-    """`python -m r3.serve` (SGLang's protocol, our fp32 toy engine) on a free localhost port: (url, weights root)."""
-    root = tmp_path_factory.mktemp("served")
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "r3.serve", "--preset", "toy", "--port", "0", "--rollout-dtype",
-                             "fp32", "--weights-root", str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)
-    line = proc.stdout.readline()
-    if "ready on" not in line:
-        proc.kill()
-        pytest.fail(f"r3.serve did not start: {line!r} {proc.stderr.read()}")
-    yield line.split()[-1], root
-    proc.terminate()
-    proc.wait(timeout=10)

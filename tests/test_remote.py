@@ -1,11 +1,19 @@
-"""What this proves: over HTTP, the SGLang client (r3/remote.py) gets exactly the routes the server's engine recorded,
+"""What this proves: over HTTP, the SGLang client (r3/remote*.py) gets exactly the routes the server's engine recorded,
 R3 replay of an fp32 server's batch against the same weights gives kl ~ 0, weight sync really changes what the server
 samples (and syncing back reproduces the first samples, seed for seed), the vLLM client reads the split and combined
-route layouts, and a down, slow or misbehaving server is refused with an error that names the request."""
+route layouts, and a down, slow or misbehaving server is refused with an error that names the request. Fit for a
+cluster: two servers share a call's chunks (the batch equals one server's) and both load every sync, a server that
+missed one is refused; a loading server (refused, then 503) is waited out with a progress line; a stalled /generate
+is aborted rid by rid and retried, giving the batch a healthy server gives; a 4xx, a 404 /health or another
+architecture ends the call at once; a 503 is retried a bounded number of times; vLLM's 404 on the reload route names
+VLLM_SERVER_DEV_MODE=1; SGLang without deterministic inference is warned about once; dtype "auto" is resolved."""
 import base64
+import dataclasses
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,10 +22,12 @@ import numpy as np
 import pytest
 import torch
 
+from r3.hf import config_to_hf
 from r3.model import PRESETS, build_model
 from r3.remote import RemoteEngineError, SGLangEngine, make_engine
 from r3.score import old_policy_pass
 from r3.serve import SGLangStandIn
+from served import free_port, get_json, on_thread, toy_server  # noqa: F401 -- toy_server is a fixture
 
 CFG = PRESETS["toy"]
 PROMPTS = [[12, 3, 1, 4, 11], [12, 9, 9, 2, 7, 11], [12, 5, 11]]
@@ -41,12 +51,6 @@ def sglang(url, weights_dir, **kw):
     e = SGLangEngine(url, CFG, weights_dir=weights_dir, weights_dtype=torch.float32, **kw)
     e.wait_ready()
     return e
-
-
-def get_json(url):
-    import urllib.request
-    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=30) as r:
-        return json.loads(r.read())
 
 
 def test_routes_arrive_intact_and_fp32_replay_gives_zero_kl(server):
@@ -102,10 +106,13 @@ class FakeHandler(BaseHTTPRequestHandler):
         self.server.calls.append((self.command, self.path, body))
         time.sleep(delay)
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+            pass
 
     def do_GET(self):
         self._answer(None)
@@ -119,7 +126,7 @@ class FakeHandler(BaseHTTPRequestHandler):
 def fake():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeHandler)
     httpd.daemon_threads, httpd.calls = True, []
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    threading.Thread(target=httpd.serve_forever, kwargs=dict(poll_interval=0.05), daemon=True).start()
     yield httpd
     httpd.shutdown()
     httpd.server_close()
@@ -208,7 +215,7 @@ def test_http_errors_timeouts_and_a_down_server(fake, tmp_path):
         SGLangEngine(url, CFG).generate(PROMPTS, **GEN)
     fake.reply = sglang_reply(delay=1.5)
     with pytest.raises(RemoteEngineError, match=r"/generate .*timeout"):
-        SGLangEngine(url, CFG, timeout=0.3).generate(PROMPTS, **GEN)
+        SGLangEngine(url, CFG, timeout=0.3, retries=0).generate(PROMPTS, **GEN)
     fake.reply = lambda m, p, b: (400, {"success": False, "message": "Failed to load: shape mismatch"}, 0.0)
     with pytest.raises(RemoteEngineError, match=r"update_weights_from_disk .*HTTP 400: Failed to load: shape mism"):
         SGLangEngine(url, CFG, weights_dir=str(tmp_path)).sync(sharp(1))
@@ -219,9 +226,10 @@ def test_http_errors_timeouts_and_a_down_server(fake, tmp_path):
     fake.shutdown()
     fake.server_close()
     t0 = time.monotonic()
-    with pytest.raises(RemoteEngineError, match=rf"POST http://127.0.0.1:{port}/generate .*cannot reach the server"):
-        SGLangEngine(f"http://127.0.0.1:{port}", CFG, connect_wait=0.5).generate(PROMPTS, **GEN)
-    assert 0.4 < time.monotonic() - t0 < 10  # retried a refused connection for connect_wait, then gave up
+    with pytest.raises(RemoteEngineError, match=rf"POST http://127.0.0.1:{port}/generate .*cannot reach the server"
+                                                r".*gave up after 2 attempts"):
+        SGLangEngine(f"http://127.0.0.1:{port}", CFG, retries=1).generate(PROMPTS, **GEN)
+    assert 0.9 < time.monotonic() - t0 < 10  # one retry, 1 s after the refusal, then gave up
     with pytest.raises(ValueError, match="sglang:http"):
         make_engine("sglang://nohost", CFG)
 
@@ -229,11 +237,11 @@ def test_http_errors_timeouts_and_a_down_server(fake, tmp_path):
 def test_health_waits_while_the_server_loads(fake):
     answers = iter([(503, {"message": "loading"}, 0.0)] * 2 + [(200, b"", 0.0)] * 10)
     fake.reply = lambda m, p, b: next(answers) if p == "/health" else (200, {"dtype": "bfloat16"}, 0.0)
-    eng = make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, connect_wait=10)
+    eng = make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=10)
     assert eng.rollout_dtype == "bfloat16" and [c[1] for c in fake.calls[:3]] == ["/health"] * 3
     fake.reply = lambda m, p, b: (503, {"message": "loading"}, 0.0)
     with pytest.raises(RemoteEngineError, match=r"GET .*/health \(health check\): HTTP 503: loading"):
-        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, connect_wait=0)
+        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=0)
 
 
 # ---- vLLM's OpenAI server -----------------------------------------------------------------------------------------
@@ -271,7 +279,8 @@ def test_vllm_layouts_give_the_sglang_batch(fake, layout):
     url = f"http://127.0.0.1:{fake.server_port}"
     fake.reply = sglang_reply()
     one = dict(GEN, group_size=1)  # G = 1: vLLM seeds a prompt's n children seed + i, SGLang each entry
-    ref = SGLangEngine(url, CFG).generate(PROMPTS, generator=torch.Generator().manual_seed(0), **one)
+    ref = SGLangEngine(url, CFG, groups_per_request=1).generate(PROMPTS, generator=torch.Generator().manual_seed(0),
+                                                                **one)  # one request per prompt, as vLLM's
     fake.reply = vllm_reply(layout)
     eng = make_engine("vllm:" + url, CFG)
     got = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(0), **one)
@@ -292,7 +301,7 @@ def test_bad_vllm_answers_and_weight_reload(fake, tmp_path):
             c.pop("token_ids")
         return r
     fake.reply = vllm_reply("combined", extra_row)
-    with pytest.raises(RemoteEngineError, match=r"v1/completions \(prompt 0 of 3, n=2\): .*need either"):
+    with pytest.raises(RemoteEngineError, match=r"v1/completions \(prompt 0, n=2\): .*need either"):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
     fake.reply = vllm_reply("split", no_token_ids)
     with pytest.raises(RemoteEngineError, match="no token_ids"):
@@ -302,3 +311,135 @@ def test_bad_vllm_answers_and_weight_reload(fake, tmp_path):
     eng.sync(sharp(1))
     assert [c[1] for c in fake.calls[-2:]] == ["/collective_rpc", "/reset_prefix_cache"]
     assert fake.calls[-2][2] == {"method": "reload_weights"} and os.path.exists(eng.weights_path + "/config.json")
+
+
+# ---- a cluster: several servers, loading, stalls, refusals ---------------------------------------------------------
+
+FOUR = PROMPTS + [[12, 7, 8, 11]]
+
+
+def stand_in(root=None, **kw):
+    return SGLangStandIn(sharp(1), rollout_dtype="fp32", seed=0, weights_root=root, desc="test", **kw)
+
+
+def test_two_servers_share_the_chunks_and_both_load_every_sync(tmp_path):
+    a, b = stand_in(str(tmp_path)), stand_in(str(tmp_path))
+    with on_thread(a) as ua, on_thread(b) as ub:
+        two = sglang(f"{ua},{ub}".split(","), str(tmp_path / "w"), groups_per_request=1)
+        one = sglang(ua, str(tmp_path / "w1"), groups_per_request=1)
+        two.sync(sharp(2))
+        assert a.version == b.version == two.version == "1"  # one write, pushed to both, each reply checked
+        got = two.generate(FOUR, generator=torch.Generator().manual_seed(3), **GEN)
+        sa, sb = a.snapshot(), b.snapshot()
+        assert len(sa["generate_rids"]) == len(sb["generate_rids"]) == 2 and sa["samples"] == sb["samples"] == 4
+        assert got.meta["requests"] == 4 and got.meta["weight_version"] == "1"
+        ref = one.generate(FOUR, generator=torch.Generator().manual_seed(3), **GEN)  # the same chunks, one server
+        assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.routes, ref.routes)
+        b.version = "0"  # as if b had missed the update: its samples say so, and are refused
+        with pytest.raises(RemoteEngineError, match=r"weight version '0', but version '1' .*missed a weight update"):
+            two.generate(FOUR, generator=torch.Generator().manual_seed(3), **GEN)
+        b.weights_root = str(tmp_path / "elsewhere")  # b now refuses the folder: the sync fails, naming b
+        with pytest.raises(RemoteEngineError, match=rf"1 of 2 server\(s\) did not load .*{ub}.*outside"):
+            two.sync(sharp(2))
+
+
+def test_a_loading_server_is_waited_out_with_a_progress_line(capsys):
+    port, state, box = free_port(), stand_in(unavailable_s=1.0), {}
+
+    def start_late():  # the port opens after 1 s, then answers 503 for 1 s, as a loading SGLang
+        time.sleep(1.0)
+        state.unavailable_until = time.monotonic() + 1.0
+        box["server"] = on_thread(state, port)
+        box["server"].__enter__()
+    threading.Thread(target=start_late, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        eng = make_engine(f"sglang:http://127.0.0.1:{port}", CFG)  # the default wait
+    finally:
+        time.sleep(0.1)
+        box["server"].__exit__(None, None, None)
+    assert 1.9 < time.monotonic() - t0 < 20 and eng.servers[0].wait >= 90
+    assert state.snapshot()["unavailable_answers"] >= 1 and eng.rollout_dtype == "fp32"
+    err = capsys.readouterr().err
+    assert f"waiting for the server at http://127.0.0.1:{port}: connection refused" in err and "is ready after" in err
+
+
+def test_a_stalled_generate_is_aborted_and_retried(tmp_path):
+    stalled = stand_in(stall=1, stall_max_s=60)
+    with on_thread(stalled) as url, on_thread(stand_in()) as healthy:
+        t0 = time.monotonic()
+        got = SGLangEngine(url, CFG, timeout=1.0).generate(PROMPTS, generator=torch.Generator().manual_seed(4), **GEN)
+        assert time.monotonic() - t0 < 20
+        ref = SGLangEngine(healthy, CFG).generate(PROMPTS, generator=torch.Generator().manual_seed(4), **GEN)
+    st = stalled.snapshot()
+    first, second = st["generate_rids"][:2]
+    assert len(first) == 6 and st["aborted"][:6] == first  # every rid of the stalled request, one /abort_request each
+    assert not set(first) & set(second)  # the retry carries fresh ids
+    assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.routes, ref.routes)  # the same request again
+
+
+def test_answers_that_will_not_change_end_the_call_at_once(fake, tmp_path):
+    state = stand_in()
+    with on_thread(state) as url:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteEngineError, match=r"HTTP 400: .*exceeds"):
+            SGLangEngine(url, CFG, retries=3).generate(PROMPTS, **dict(GEN, max_new_tokens=1000))
+        assert time.monotonic() - t0 < 1.0 and len(state.snapshot()["generate_rids"]) == 1  # a 4xx: no retry
+    fake.reply = lambda m, p, b: (404, {"detail": "Not Found"}, 0.0)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteEngineError, match=r"/health \(health check\): HTTP 404"):
+        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=60)
+    assert time.monotonic() - t0 < 2.0
+    other = dataclasses.replace(CFG, num_hidden_layers=CFG.num_hidden_layers + 1)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps(config_to_hf(other, torch.bfloat16)))
+    fake.reply = lambda m, p, b: (200, {"model_path": str(tmp_path / "other")} if p == "/get_server_info" else b"", 0.0)
+    with pytest.raises(RemoteEngineError, match=r"another architecture .*num_hidden_layers"):
+        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=60)
+
+
+def test_503_is_retried_a_bounded_number_of_times(fake):
+    answers = iter([(503, {"message": "busy"}, 0.0)])
+    good = sglang_reply()
+    fake.reply = lambda m, p, b: next(answers, None) or good(m, p, b)
+    b = SGLangEngine(f"http://127.0.0.1:{fake.server_port}", CFG, retries=1).generate(PROMPTS, **GEN)
+    assert len(b) == 6 and [c[1] for c in fake.calls] == ["/generate"] * 2
+    fake.reply = lambda m, p, b: (503, {"message": "busy"}, 0.0)
+    with pytest.raises(RemoteEngineError, match=r"HTTP 503: busy \(gave up after 2 attempts\)"):
+        SGLangEngine(f"http://127.0.0.1:{fake.server_port}", CFG, retries=1).generate(PROMPTS, **GEN)
+
+
+def test_server_info_warning_once_and_auto_dtype(fake, tmp_path, capsys):
+    for dtype, served in ((torch.float32, "float16"), (torch.bfloat16, "bfloat16")):
+        (tmp_path / str(dtype)).mkdir()
+        (tmp_path / str(dtype) / "config.json").write_text(json.dumps(config_to_hf(CFG, dtype)))
+        info = dict(dtype="auto", model_path=str(tmp_path / str(dtype)), enable_deterministic_inference=False)
+        fake.reply = lambda m, p, b: (200, info if p == "/get_server_info" else b"", 0.0)
+        url = f"http://127.0.0.1:{fake.server_port}"
+        eng = make_engine(f"sglang:{url},{url}/", CFG)  # two servers, both without deterministic inference
+        assert eng.rollout_dtype == served  # SGLang's auto: float32 checkpoints are served in float16
+        assert capsys.readouterr().err.count("without --enable-deterministic-inference") == 1
+
+
+def test_vllm_reload_404_names_dev_mode_and_a_wrong_model_is_refused(fake, tmp_path):
+    url = f"http://127.0.0.1:{fake.server_port}"
+    models = {"data": [{"id": "toy"}]}
+    fake.reply = lambda m, p, b: (200, models if p == "/v1/models" else b"", 0.0) if p in ("/v1/models", "/health") \
+        else (404, {"detail": "Not Found"}, 0.0)
+    eng = make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path))
+    with pytest.raises(RemoteEngineError, match=r"/collective_rpc .*HTTP 404.*VLLM_SERVER_DEV_MODE=1"):
+        eng.sync(sharp(1))
+    with pytest.raises(RemoteEngineError, match=r"serves \['toy'\], not 'qwen'"):
+        make_engine("vllm:" + url, CFG, model_name="qwen")
+
+
+def test_serve_defaults_follow_train_py_and_a_missing_weights_root_is_refused(tmp_path):
+    from r3.config import TrainConfig, parse
+    from r3.serve import parser
+    served, trained = parser().parse_args([]), parse(TrainConfig, [])
+    assert (served.task, served.warmup_steps, served.seed) == (trained.task, trained.warmup_steps, trained.seed)
+    r = subprocess.run([sys.executable, "-m", "r3.serve", "--weights-root", str(tmp_path / "nope")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode != 0 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [f"error: --weights-root {tmp_path / 'nope'}: no such folder (create it: "
+                                             f"the server loads weights only from inside it)"]

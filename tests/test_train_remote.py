@@ -1,39 +1,35 @@
 """What this proves: `train.py --engine sglang:URL --r3` trains end to end against a server that speaks SGLang's
 protocol (r3.serve, our engine behind HTTP): the weights are synced every step (the server samples what the trainer
 holds: with an fp32 server, R3's replayed old-policy pass matches the engine's log-probs to ~0 kl every step), and a
-server that is down is a clear error before any step. Also: `--rollouts` with `--model` trains from disk under
-torchrun with data shards, the same run as one process."""
+server that is down is a clear error before any step. The two-terminal recipe of docs/servers.md, run as written
+(defaults: train.py's task and warm-up model on both sides), trains with R3 and pushes every update to the server;
+`--engine sglang:URL1,URL2` splits each step between two servers, which both load every update; a server that refuses
+connections and then answers 503 while it loads is waited out with the default --engine-wait (> 90 s), and a stalled
+/generate is aborted and retried with --engine-timeout, the run going on. Also: `--rollouts` with `--model` trains
+from disk under torchrun with data shards, the same run as one process."""
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+import threading
 
 import torch
 
 from r3.batch import save_batch
 from r3.collect import reward_batch
+from r3.config import TrainConfig, parse
 from r3.engine import Engine
 from r3.hf import load_pretrained, load_tokenizer
 from r3.jsonl_task import make_jsonl_task
+from served import ENV, SMALL, free_port, serving
 from test_train_real import TOL, make_checkpoint, metrics, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--task", "sort:3-4", "--warmup-steps", "5", "--prompts-per-step", "4", "--group-size", "2",
-        "--val-every", "2", "--val-prompts", "2", "--no-plot", "--quiet", "--lr", "3e-3", "--lr-warmup", "1"]
-
-
-def test_train_with_a_server_engine_end_to_end(toy_server, tmp_path):
-    url, root = toy_server
-    r = train([*TINY, "--engine", f"sglang:{url}", "--r3", "--rollout-dtype", "fp32", "--steps", "3",
-               "--weights-dir", str(root / "w"), "--out", str(tmp_path / "run")], ROOT)
-    assert r.returncode == 0, r.stderr[-3000:]
-    m = metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [x["step"] for x in m] == [0, 1, 2]
-    assert all(x["kl"] < 1e-8 for x in m), [x["kl"] for x in m]  # fp32 server + replay: the same policy
-    assert m[0]["grad_norm"] > 0 and m[1]["val/kl"] >= 0
-    assert os.path.exists(root / "w" / "policy" / "config.json")  # HF layout the server loaded
-    args = json.loads((tmp_path / "run" / "args.json").read_text())
-    assert args["engine"] == f"sglang:{url}" and args["replay"] == "r3"
+        "--val-every", "2", "--val-prompts", "2", "--eval-prompts", "8", "--no-plot", "--quiet", "--lr", "3e-3",
+        "--lr-warmup", "1"]
 
 
 def test_a_server_that_is_down_is_refused_before_training(tmp_path):
@@ -47,7 +43,7 @@ def test_a_server_that_is_down_is_refused_before_training(tmp_path):
 def test_bad_engine_spec_is_refused(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--engine", "sglang:localhost:30000"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert r.returncode != 0 and "expected local, sglang:http://HOST:PORT" in r.stderr
+    assert r.returncode != 0 and "expected sglang:http://HOST:PORT" in r.stderr and "or local" in r.stderr
 
 
 def test_rollouts_from_disk_with_model_two_ranks_equal_one(tmp_path):
@@ -78,3 +74,89 @@ def test_rollouts_from_disk_with_model_two_ranks_equal_one(tmp_path):
         for k in ("reward", "kl", "loss", "grad_norm", "router_flip_rate"):
             assert abs(x[k] - y[k]) <= TOL * max(1.0, abs(x[k])), (k, x[k], y[k])
     assert any(m["router_flip_rate"] > 0 for m in a) and a[0]["grad_norm"] > 0
+
+
+def recipe() -> list[str]:
+    """The command lines of docs/servers.md's two-terminal recipe, as written (continuations joined)."""
+    doc = open(os.path.join(ROOT, "docs", "servers.md")).read()
+    section = doc.split("## Try it on one machine: two terminals", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [" ".join(line.split()) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_documented_two_terminal_recipe_trains_with_r3(tmp_path):
+    mkdir, serve, trainer = recipe()
+    assert serve == "python -m r3.serve --weights-root /tmp/r3-weights"  # no flag sets the task or the model
+    port = free_port()
+
+    def ours(line):  # the only changes: a free port and a temporary folder instead of /tmp/r3-*
+        line = line.replace("/tmp/r3-", f"{tmp_path}/r3-").replace("127.0.0.1:30000", f"127.0.0.1:{port}")
+        argv = shlex.split(line)
+        return [sys.executable, *argv[1:]] if argv[0] == "python" else argv
+    subprocess.run(ours(mkdir), check=True)
+    with serving(*ours(serve)[3:], "--port", str(port), cwd=ROOT) as server:  # from the repository root, as
+        r = subprocess.run(ours(trainer), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)  # documented
+        stats = server.stats()
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = metrics(tmp_path / "r3-run" / "metrics.jsonl")
+    assert [x["step"] for x in m] == [0, 1] and all(x["grad_norm"] > 0 and x["kl"] < 0.05 for x in m)
+    args = json.loads((tmp_path / "r3-run" / "args.json").read_text())
+    assert args["replay"] == "r3" and args["task"] == "cipher" and args["engine"] == f"sglang:http://127.0.0.1:{port}"
+    assert stats["weight_versions"] == ["1", "2", "3"]  # set-up, then after every step
+    assert stats["samples"] >= 2 * 16 * 8  # the default 16 prompts x 8 samples a step, from the server
+
+
+def test_two_servers_share_each_step_and_both_load_every_update(tmp_path):
+    (tmp_path / "w").mkdir()
+    common = [*SMALL, "--port", "0", "--weights-root", str(tmp_path / "w")]
+    with serving(*common, n=2) as (a, b):
+        r = train([*TINY, "--engine", f"sglang:{a.url},{b.url}", "--r3", "--rollout-dtype", "fp32", "--steps", "3",
+                   "--prompts-per-step", "8", "--weights-dir", str(tmp_path / "w"), "--out", str(tmp_path / "run")],
+                  tmp_path)
+        sa, sb = a.stats(), b.stats()
+    assert r.returncode == 0, r.stderr[-3000:]
+    m = metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [x["step"] for x in m] == [0, 1, 2] and all(x["kl"] < 1e-8 for x in m)  # both serve the trainer's weights
+    assert m[0]["grad_norm"] > 0 and m[1]["val/kl"] >= 0
+    assert sa["weight_versions"] == sb["weight_versions"] == ["1", "2", "3", "4"]  # set-up, then after every step
+    assert os.path.exists(tmp_path / "w" / "policy" / "config.json")  # the HF layout both loaded
+    args = json.loads((tmp_path / "run" / "args.json").read_text())
+    assert args["engine"] == f"sglang:{a.url},{b.url}" and args["replay"] == "r3"
+    # 8 prompts a step = 2 requests of 4 groups: one to each server, every step (plus val/eval requests)
+    assert len(sa["generate_rids"]) >= 3 and len(sb["generate_rids"]) >= 3 and sa["samples"] >= 3 * 4 * 2
+    assert sb["samples"] >= 3 * 4 * 2
+
+
+def test_a_loading_then_stalling_server_is_waited_out_and_the_run_goes_on(tmp_path):
+    assert parse(TrainConfig, []).engine_wait > 90  # the default outlasts a 90 s load
+    port = free_port()
+    (tmp_path / "w").mkdir()
+    argv = [sys.executable, os.path.join(ROOT, "train.py"), *TINY, "--engine", f"sglang:http://127.0.0.1:{port}",
+            "--r3", "--rollout-dtype", "fp32", "--steps", "2", "--engine-timeout", "5",
+            "--weights-dir", str(tmp_path / "w"), "--out", str(tmp_path / "run")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, text=True)  # before the server
+    err, waiting = [], threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            err.append(line)
+            if "waiting for the server at" in line and "connection refused" in line:
+                waiting.set()
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert waiting.wait(120), "".join(err)[-3000:]
+        with serving(*SMALL, "--port", str(port), "--weights-root", str(tmp_path / "w"), "--test-unavailable", "3",
+                     "--test-stall", "1") as server:
+            proc.wait(timeout=240)
+            stats = server.stats()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(err)
+    assert proc.returncode == 0, out[-3000:]
+    assert [x["step"] for x in metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
+    assert stats["unavailable_answers"] >= 1 and "is ready after" in out  # 503s waited out, then on
+    first = stats["generate_rids"][0]
+    assert stats["aborted"][:len(first)] == first  # every rid of the stalled request, aborted one by one
+    assert "no answer within 5 s" in out and "retrying" in out
