@@ -4,8 +4,9 @@ One shared 16-token vocabulary:  0-9 digits | + | = | SORT | REV | <eos> | <pad>
   sort     SORT d1 .. dn =   →  the digits in ascending order, <eos>
   reverse  REV  d1 .. dn =   →  the digits reversed, <eos>
   add      a1..am + b1..bm = →  the digits of a + b, <eos>
-and 64 more symbols s0 .. s63 (ids 16-79) for the one task that needs a vocabulary with a tail:
+and 64 more symbols s0 .. s63 (ids 16-79) for the tasks that need a vocabulary with a tail:
   cipher   x1 .. xn =        →  PI(x1) .. PI(xn), <eos>   (PI: one fixed permutation; default n = 32)
+  chain    s =               →  PI(s), PI(PI(s)), ... (T symbols), <eos>   (chain:T, default T = 256)
 A task's `vocab_size` is the vocabulary its model needs (`r3.warmup.preset_config` widens a preset to it).
 
 The cipher task is the headline setting's (README, "The headline"): after 80 supervised warm-up steps the toy
@@ -16,6 +17,11 @@ the same toy, stays below 50 % after 1000 steps.
 The reward is dense: the fraction of answer positions the response gets right (a response that is too long or too
 short is scored against the longer of the two), so GRPO groups have variance from the start. `info["exact"]` says
 whether the whole answer, EOS included, was right.
+
+The chain task is the long-response one (experiments/length.py): a two-token prompt and an answer as long as asked,
+each answer token a function of the one before it (the cipher's 64-entry table). Its reward scores every position
+against PI of the token the response itself put before it (the EOS slot against EOS), so one slip costs one
+position rather than the rest of the answer. With 64 start symbols its held-out split holds ~4 prompts.
 
 Held-out split: `prompt_split(prompt)` puts about one prompt in EVAL_MOD in "eval", by a hash of its content, so the
 split is the same on every machine, seed and run. `sample(n, g, split="train")` never returns an eval prompt (it
@@ -155,14 +161,46 @@ class Cipher(Task):
         return Example([SYMBOL0 + i for i in s] + [TOK["="]], [SYMBOL0 + self.PI[i] for i in s])
 
 
-TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher}
+class Chain(Task):
+    """Follow PI (the cipher's permutation) for T steps from a start symbol; see the module docstring."""
+    name = "chain"
+    vocab_size = len(VOCAB)
+    max_prompt_len = 2
+    max_answer_len = property(lambda self: self.max_len)
+
+    def example(self, g):
+        x = int(torch.randint(0, SYMBOLS, (1,), generator=g))
+        prompt, answer = [SYMBOL0 + x, TOK["="]], []
+        for _ in range(self.max_len):
+            x = Cipher.PI[x]
+            answer.append(SYMBOL0 + x)
+        return Example(prompt, answer)
+
+    def reward(self, response: list[int], ex: Example) -> tuple[float, dict]:
+        got, T = list(response), len(ex.answer)
+        hits = 0
+        for i, tok in enumerate(got[:T + 1]):
+            if i == T:
+                hits += tok == EOS
+                continue
+            prev = ex.prompt[0] if i == 0 else got[i - 1] if SYMBOL0 <= got[i - 1] < len(VOCAB) else ex.answer[i - 1]
+            hits += tok == SYMBOL0 + Cipher.PI[prev - SYMBOL0]
+        return hits / max(T + 1, len(got)), dict(exact=got == ex.answer + [EOS])
+
+
+TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher, "chain": Chain}
 
 
 def make_task(spec: str) -> Task:
-    """'cipher', 'sort', 'reverse', 'add', optionally with a length range: 'sort:6-10', 'cipher:32-32'."""
+    """'cipher', 'sort', 'reverse', 'add', optionally with a length range: 'sort:6-10', 'cipher:32-32'; 'chain' or
+    'chain:T' (the answer length)."""
     name, _, rng = spec.partition(":")
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)} (optionally NAME:MIN-MAX)")
+    if name == "chain":
+        if rng and not (rng.isdigit() and int(rng) >= 1):
+            raise ValueError(f"bad answer length in task {spec!r}; expected e.g. 'chain:256'")
+        return Chain(1, int(rng) if rng else 256)
     lo, hi = dict(add=(2, 4), cipher=(32, 32)).get(name, (6, 10))
     if rng:
         try:
