@@ -54,13 +54,14 @@ from r3.fsdp import gather_full_state_dict, is_distributed
 from r3.hf import save_pretrained
 from r3.io import atomic_write
 from r3.engine_formats import EngineSample, sglang_sample, vllm_routes
+from r3.errors import InputError
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost must not go through a proxy
 _NPY_DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<u2": torch.uint16, "<i2": torch.int16, "<i4": torch.int32,
                "<i8": torch.int64}
 
 
-class RemoteEngineError(RuntimeError):
+class RemoteEngineError(InputError, RuntimeError):
     """A remote engine request failed or answered something unusable. The message names the request; `status` is
     the HTTP status when there was one."""
 

@@ -34,6 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 
 from r3.engine import ROLLOUT_DTYPES, Engine
+from r3.errors import run_main
 from r3.hf import CheckpointError, load_pretrained
 from r3.model import PRESETS, build_model
 
@@ -226,4 +227,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
