@@ -13,6 +13,7 @@ Every flag lives in `r3/config.py`. A real model: `--model PATH` (an HF Qwen3-Mo
 `--task jsonl:FILE`; under `torchrun --nproc_per_node=N` the trainer is sharded with FSDP2 and each rank samples its
 own data shards (`--shards`); rank 0 alone writes files. `--dry-run` prints the per-GPU memory plan and exits.
 """
+import copy
 import json
 import math
 import os
@@ -108,6 +109,7 @@ class Run:
     tb: object | None = None        # --tensorboard writer
     oracle: Engine | None = None    # --fidelity-every: an fp32 engine, the on-policy reference
     examples: list | None = None    # the step's prompts (kept by `collect` for `fidelity`)
+    step_start: dict | None = None  # --on-collapse stop, one process: the state the current step started from
     t0: float = 0.0
 
     def path(self, name: str) -> str:
@@ -232,16 +234,67 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
         bar.set_postfix(reward=f"{m['reward']:.3f}", kl=f"{m['kl']:.1e}")
         if not cfg.quiet:
             tqdm.write(log_line(m))
-    if run.guard.new:  # a symptom's onset: keep the weights as they were the moment it appeared
-        save(run, step + 1, f"collapse_step{step}")
+    if run.guard.new:  # a symptom's onset: keep the weights it produced, for inspection, under their own name
+        name = f"collapse_step{step}"
+        try:
+            save(run, step + 1, name)
+            kept = f"the collapsed state is in {run.path(name + '.pt' if run.world == 1 else name)}"
+        except ValueError as e:  # save_checkpoint refuses non-finite weights
+            kept = f"the collapsed state is not saved: {e}"
         if run.lead:
-            tqdm.write(f"collapse guard: {', '.join(run.guard.new)} at step {step} (checkpoint saved)")
+            tqdm.write(f"collapse guard: {', '.join(run.guard.new)} at step {step}; {kept}")
         if cfg.on_collapse == "stop":
-            save(run, step + 1)
+            keep_pre_onset(run, step)
             return run.guard.new
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
         save(run, step + 1)
+    run.step_start = step_start_state(run)  # the next step starts from here
     return None
+
+
+@torch.no_grad()
+def step_start_state(run: Run) -> dict | None:
+    """--on-collapse stop, one process: a copy of the state the next step starts from (model, optimizer, RNG
+    streams, guard), for `keep_pre_onset`. The tensors are copied into the buffers of the previous copy (fresh
+    allocations each step cost 10x more); the engine's weights are a cast of the model's, so they are not copied.
+    Under FSDP no copy is held (a second copy of a sharded model and its optimizer state would not fit)."""
+    if run.cfg.on_collapse != "stop" or run.world > 1:
+        return None
+    model, opt = run.model.state_dict(), run.opt.state_dict()  # references to the live tensors
+    live = list(model.values()) + [v for s in opt["state"].values() for v in s.values() if torch.is_tensor(v)]
+    keep = run.step_start
+    if keep is None or [(t.shape, t.dtype) for t in keep["tensors"]] != [(t.shape, t.dtype) for t in live]:
+        keep = dict(tensors=[t.detach().clone() for t in live])  # the first step, or Adam's state just appeared
+    else:
+        for copy_, t in zip(keep["tensors"], live):
+            copy_.copy_(t)
+    it = iter(keep["tensors"])
+    keep["model"] = {k: next(it) for k in model}
+    opt["state"] = {i: {k: next(it) if torch.is_tensor(v) else v for k, v in s.items()}
+                    for i, s in opt["state"].items()}
+    keep.update(opt=dict(opt, param_groups=copy.deepcopy(opt["param_groups"])),
+                rng={k: g.get_state() for k, g in run.gens.items()}, guard=copy.deepcopy(run.guard.state_dict()))
+    return keep
+
+
+def keep_pre_onset(run: Run, step: int) -> None:
+    """The guard stops the run at `step`: put back the state that step started from and save it as ckpt.pt (and
+    OUT/hf), so that --resume continues from before the onset, never from the collapsed state. The finite mini-steps
+    of `step` were applied, so the state after it is not pre-onset. Under FSDP, OUT/hf keeps its last periodic save."""
+    s = run.step_start
+    if s is None:
+        return
+    run.model.load_state_dict(s["model"])
+    run.opt.load_state_dict(s["opt"])
+    for k, g in run.gens.items():
+        g.set_state(s["rng"][k])
+    run.guard.load_state_dict(s["guard"])
+    if run.cfg.engine == "local":
+        sync_engine(run.model, run.engine, run.plain)
+    save(run, step)
+    if run.lead:
+        tqdm.write(f"collapse guard: {run.path('ckpt.pt')} holds the state step {step} started from; --resume "
+                   f"continues from there")
 
 
 def log_line(m: dict) -> str:
@@ -319,6 +372,7 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     except BaseException:
         folder and folder.release()
         raise
+    run.step_start = step_start_state(run)
     if cfg.engine != "local":  # the server starts from whatever it loaded: give it the trainer's weights
         run.engine.sync(run.model)
     if run.lead:
