@@ -256,7 +256,7 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
 def step_start_state(run: Run) -> dict | None:
     """--on-collapse stop, one process: a copy of the state the next step starts from (model, optimizer, RNG
     streams, guard), for `keep_pre_onset`. The tensors are copied into the buffers of the previous copy (fresh
-    allocations each step cost 10x more); the engine's weights are a cast of the model's, so they are not copied.
+    allocations each step cost 5-10x more); the engine's weights are a cast of the model's, so they are not copied.
     Under FSDP no copy is held (a second copy of a sharded model and its optimizer state would not fit)."""
     if run.cfg.on_collapse != "stop" or run.world > 1:
         return None
