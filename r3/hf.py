@@ -184,8 +184,7 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 def load_config(path: str) -> tuple[ModelConfig, torch.dtype | None]:
     where = os.path.join(path, "config.json")
     if not os.path.isdir(path):
-        raise CheckpointError(f"model folder {path!r} " + ("is a file, not a folder (an HF checkpoint is a folder "
-                              "with config.json and *.safetensors)" if os.path.exists(path) else "does not exist"))
+        raise CheckpointError(f"model folder {path!r} " + ("is a file" if os.path.exists(path) else "does not exist"))
     if not os.path.exists(where):
         raise CheckpointError(f"{path!r} has no config.json: not an HF checkpoint folder")
     return config_from_hf(read_json(where), where)
