@@ -2,7 +2,7 @@
 named path, a sys.exit message) into exactly one `error: ...` line on stderr and exit status 1, without a traceback;
 --debug (removed before the script's parser sees it) and R3_DEBUG=1 show the traceback; a bug, an ordinary exit and
 argparse's exit pass through untouched; and every entry point (train.py, rollout.py, python -m r3.check, r3.inspect,
-r3.serve, experiments.*) runs through it, as a real process shows."""
+r3.plots, r3.serve, experiments.*) runs through it, as a real process shows."""
 import os
 import subprocess
 import sys
@@ -85,6 +85,7 @@ def test_run_main_returns_what_main_returns(monkeypatch):
     (["rollout.py", "--out", "rollout.py"], "error: 'rollout.py' is a file; a rollout batch is a folder"),
     (["-m", "r3.check", "--rollouts", "nowhere", "--preset", "toy"], "error: rollout folder 'nowhere' does not exist"),
     (["-m", "r3.inspect", "nowhere"], "error: nowhere does not exist"),
+    (["-m", "r3.plots", "nowhere"], "error: nowhere: no metrics.jsonl (or it is empty)"),
     (["-m", "r3.serve", "--model", "nowhere", "--weights-root", "tests"],
      "error: model folder 'nowhere' does not exist"),
     (["-m", "experiments.mismatch_table", "--task", "cipher:99-3", "--out", "nowhere"],
