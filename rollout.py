@@ -5,7 +5,9 @@ The disk half of the seed's SGLang → disk → Megatron pipeline (`collect_roll
       --rollout-dtype bf16 --out runs/rollout_bf16
 writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.batch.save_batch`: one atomic folder with a
 checksum, no pickle), which `r3.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the numbers
-it prints. Every flag states its domain and is refused outside it before any work.
+it prints. The manifest records the model that sampled (`meta.model`, and `meta.model_digest`, a hash of its
+weights that `train.py --rollouts` compares with the model it starts from). Every flag states its domain and is
+refused outside it before any work, and so is an --out that cannot take a batch folder.
 
 Routes are always recorded for an MoE model: top-k computes them anyway, so there is no flag to turn them off.
 A dense model has none. After writing, it prints the reward, response length and, unless --no-mismatch, the
@@ -18,9 +20,11 @@ import time
 
 import torch
 
-from r3.batch import save_batch
+from r3.batch import check_batch_target, save_batch
+from r3.checkpoint import model_digest
 from r3.collect import rollout
 from r3.config import RolloutConfig, parse
+from r3.errors import run_main
 from r3.grpo import group_advantages
 from r3.io import atomic_write_json
 from r3.score import FULL_VOCAB_MAX, old_policy_pass
@@ -30,6 +34,7 @@ from r3.warmup import load_model
 
 def main(argv=None) -> dict:
     args = parse(RolloutConfig, argv, __doc__)
+    check_batch_target(args.out)  # before the warm-up and the sampling
     torch.set_num_threads(args.threads)
     t0 = time.time()
     task = make_task(args.task)
@@ -42,7 +47,7 @@ def main(argv=None) -> dict:
                        dtype=args.rollout_dtype, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
                        max_new_tokens=args.max_new_tokens,
                        keep_logp_V=not args.no_mismatch and model.cfg.vocab_size <= FULL_VOCAB_MAX)
-    batch.meta.update(task=args.task, model=desc)
+    batch.meta.update(task=args.task, model=desc, model_digest=model_digest(model))  # train.py --rollouts checks it
     gen_s = time.time() - t1
     save_batch(batch, args.out)
 
@@ -76,4 +81,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -15,6 +15,7 @@ Every flag lives in `r3/config.py`. A real model: `--model PATH` (an HF Qwen3-Mo
 `--task jsonl:FILE`; under `torchrun --nproc_per_node=N` the trainer is sharded with FSDP2 and each rank samples its
 own data shards (`--shards`); rank 0 alone writes files. `--dry-run` prints the per-GPU memory plan and exits.
 """
+import copy
 import json
 import math
 import os
@@ -26,12 +27,13 @@ from typing import NamedTuple
 import torch
 from tqdm import tqdm
 
-from r3.batch import load_rollouts
-from r3.checkpoint import load_checkpoint, save_checkpoint
+from r3.batch import load_rollouts, rollout_folders
+from r3.checkpoint import load_checkpoint, model_digest, save_checkpoint
 from r3.collect import (Rollout, advantages, check_shardable, my_shards, sample_shard, shard_generator_name,
                         shard_rows, shard_seed)
 from r3.config import RUN_DEFINING, TrainConfig, parse
 from r3.engine import Engine
+from r3.errors import run_main
 from r3.evaluate import evaluate, heldout_examples
 from r3.fidelity import gradient_fidelity
 from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, load_policy, save_hf_checkpoint,
@@ -48,7 +50,8 @@ from r3.plots import log_scalars, tensorboard_writer
 from r3.process import configure_cpu
 from r3.provenance import stamp
 from r3.remote import make_engine
-from r3.runfolder import RunFolder, RunFolderError, append_metrics, check_resume, check_steps, truncate_metrics
+from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume, check_steps,
+                          read_metrics, truncate_metrics)
 from r3.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
                       without_pass)
 from r3.tasks import EOS, PAD, make_task
@@ -110,6 +113,7 @@ class Run:
     tb: object | None = None        # --tensorboard writer
     oracle: Engine | None = None    # --fidelity-every: an fp32 engine, the on-policy reference
     examples: list | None = None    # the step's prompts (kept by `collect` for `fidelity`)
+    step_start: dict | None = None  # --on-collapse stop, one process: the state the current step started from
     t0: float = 0.0
 
     def path(self, name: str) -> str:
@@ -267,16 +271,67 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
         bar.set_postfix(reward=f"{m['reward']:.3f}", kl="-" if m["kl"] is None else f"{m['kl']:.1e}")
         if not cfg.quiet:
             tqdm.write(log_line(m))
-    if run.guard.new:  # a symptom's onset: keep the weights as they were the moment it appeared
-        save(run, step + 1, f"collapse_step{step}")
+    if run.guard.new:  # a symptom's onset: keep the weights it produced, for inspection, under their own name
+        name = f"collapse_step{step}"
+        try:
+            save(run, step + 1, name)
+            kept = f"the collapsed state is in {run.path(name + '.pt' if run.world == 1 else name)}"
+        except ValueError as e:  # save_checkpoint refuses non-finite weights
+            kept = f"the collapsed state is not saved: {e}"
         if run.lead:
-            tqdm.write(f"collapse guard: {', '.join(run.guard.new)} at step {step} (checkpoint saved)")
+            tqdm.write(f"collapse guard: {', '.join(run.guard.new)} at step {step}; {kept}")
         if cfg.on_collapse == "stop":
-            save(run, step + 1)
+            keep_pre_onset(run, step)
             return run.guard.new
     if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
         save(run, step + 1)
+    run.step_start = step_start_state(run)  # the next step starts from here
     return None
+
+
+@torch.no_grad()
+def step_start_state(run: Run) -> dict | None:
+    """--on-collapse stop, one process: a copy of the state the next step starts from (model, optimizer, RNG
+    streams, guard), for `keep_pre_onset`. The tensors are copied into the buffers of the previous copy (fresh
+    allocations each step cost 5-10x more); the engine's weights are a cast of the model's, so they are not copied.
+    Under FSDP no copy is held (a second copy of a sharded model and its optimizer state would not fit)."""
+    if run.cfg.on_collapse != "stop" or run.world > 1:
+        return None
+    model, opt = run.model.state_dict(), run.opt.state_dict()  # references to the live tensors
+    live = list(model.values()) + [v for s in opt["state"].values() for v in s.values() if torch.is_tensor(v)]
+    keep = run.step_start
+    if keep is None or [(t.shape, t.dtype) for t in keep["tensors"]] != [(t.shape, t.dtype) for t in live]:
+        keep = dict(tensors=[t.detach().clone() for t in live])  # the first step, or Adam's state just appeared
+    else:
+        for copy_, t in zip(keep["tensors"], live):
+            copy_.copy_(t)
+    it = iter(keep["tensors"])
+    keep["model"] = {k: next(it) for k in model}
+    opt["state"] = {i: {k: next(it) if torch.is_tensor(v) else v for k, v in s.items()}
+                    for i, s in opt["state"].items()}
+    keep.update(opt=dict(opt, param_groups=copy.deepcopy(opt["param_groups"])),
+                rng={k: g.get_state() for k, g in run.gens.items()}, guard=copy.deepcopy(run.guard.state_dict()))
+    return keep
+
+
+def keep_pre_onset(run: Run, step: int) -> None:
+    """The guard stops the run at `step`: put back the state that step started from and save it as ckpt.pt (and
+    OUT/hf), so that --resume continues from before the onset, never from the collapsed state. The finite mini-steps
+    of `step` were applied, so the state after it is not pre-onset. Under FSDP, OUT/hf keeps its last periodic save."""
+    s = run.step_start
+    if s is None:
+        return
+    run.model.load_state_dict(s["model"])
+    run.opt.load_state_dict(s["opt"])
+    for k, g in run.gens.items():
+        g.set_state(s["rng"][k])
+    run.guard.load_state_dict(s["guard"])
+    if run.cfg.engine == "local":
+        sync_engine(run.model, run.engine, run.plain)
+    save(run, step)
+    if run.lead:
+        tqdm.write(f"collapse guard: {run.path('ckpt.pt')} holds the state step {step} started from; --resume "
+                   f"continues from there")
 
 
 def log_line(m: dict) -> str:
@@ -317,17 +372,21 @@ def save(run: Run, step_done: int, name: str | None = None) -> None:
 
 # --------------------------------------------------------------------------------------------------------- set-up
 def setup(cfg: TrainConfig) -> tuple[Run, int]:
-    """Load the model, engine, task and optimizer; open (or resume) the run folder. Returns (run, first step)."""
+    """Load the model, engine, task and optimizer; open (or resume) the run folder. Returns (run, first step).
+    Every refusal comes before OUT is created or written (a resume's, before anything in OUT changes)."""
     t0 = time.time()
     out = check_launch(cfg)
     torch.manual_seed(cfg.seed)
     configure_cpu(cfg.threads)
     rank, world, device = setup_distributed() if cfg.model else (0, 1, torch.device("cpu"))
-    folder = open_folder(cfg, out) if rank == 0 else None
     p = load_policy_and_task(cfg, world, device)
     num_shards = cfg.num_shards(world)
     if cfg.prompts_per_step % num_shards:
         sys.exit(f"error: --prompts-per-step {cfg.prompts_per_step} does not split into {num_shards} equal shards")
+    if not cfg.rollouts:
+        check_mini_steps(cfg.mini_steps, cfg.prompts_per_step * cfg.group_size // num_shards, "a step", rank == 0)
+    disk = read_disk_rollouts(cfg, p, num_shards, rank == 0)
+    folder = open_folder(cfg, out) if rank == 0 else None
     mine = my_shards(num_shards, rank, world)
     gens = dict(data=torch.Generator().manual_seed(cfg.seed))  # the same on every rank: it draws every prompt
     for s in mine:
@@ -336,7 +395,7 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
               pad_id=p.pad_id, opt=torch.optim.AdamW(p.model.parameters(), lr=cfg.lr, betas=(0.9, 0.99),
                                                      weight_decay=0.0),
               gens=gens, guard=CollapseGuard(reward_drop=cfg.guard_reward_drop, kl_max=cfg.guard_kl_max),
-              disk=read_disk_rollouts(cfg, p.model.cfg, num_shards, rank == 0),
+              disk=disk,
               chunk=cfg.chunk_for(p.model.cfg.vocab_size),
               max_new=cfg.max_new_tokens or p.task.max_new_tokens, num_shards=num_shards, mine=mine, world=world,
               device=device, lead=rank == 0,
@@ -345,7 +404,12 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
               tb=tensorboard_writer(os.path.join(out, "tb")) if cfg.tensorboard and rank == 0 else None)
     if cfg.fidelity_every:
         run.oracle = Engine(p.model, "fp32")
-    start = resume(run) if cfg.resume else 0
+    try:
+        start = resume(run) if cfg.resume else 0
+    except BaseException:
+        folder and folder.release()
+        raise
+    run.step_start = step_start_state(run)
     if cfg.engine != "local":  # the server starts from whatever it loaded: give it the trainer's weights
         run.engine.sync(run.model)
     if run.lead:
@@ -366,10 +430,25 @@ def check_launch(cfg: TrainConfig) -> str:
     if "RANK" in os.environ and cfg.resume:
         sys.exit("error: --resume is not supported under torchrun: FSDP runs save model weights only (OUT/hf), not "
                  "the optimizer and RNG state a bit-identical resume needs. Start a new run with --model OUT/hf")
+    if cfg.rollouts:
+        rollout_folders(cfg.rollouts, notes=False)  # a missing folder or a gap in its steps: before the warm-up
     out = cfg.out_dir()
+    check_output_folder(out, "--out")
     if os.path.exists(os.path.join(out, "metrics.jsonl")) and not (cfg.resume or cfg.overwrite):
         sys.exit(f"error: {out} already holds a run; pass --resume to continue it or --overwrite to replace it")
     return out
+
+
+def check_mini_steps(k: int, rows: int, what: str, lead: bool) -> None:
+    """--mini-steps K beyond the rows of a step's shard is refused; K that torch.chunk (in `update`) cuts into fewer
+    minibatches (6 rows, K = 4: 3 of 2 rows) gets a one-line note."""
+    if k > rows:
+        sys.exit(f"error: --mini-steps {k} is more than the {rows} rows of {what} (per data shard): each minibatch "
+                 f"needs a row; pass --mini-steps {rows} or fewer, or more rows")
+    chunks = math.ceil(rows / math.ceil(rows / k))
+    if chunks != k and lead:
+        print(f"note: --mini-steps {k} on {rows} rows per shard makes {chunks} minibatches of "
+              f"{math.ceil(rows / k)} rows (torch.chunk)")
 
 
 def open_folder(cfg: TrainConfig, out: str) -> RunFolder:
@@ -397,10 +476,11 @@ class Policy(NamedTuple):
 def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device) -> Policy:
     """The trainer, its engine and the task; prompt lengths are checked against the model before any work."""
     if cfg.model:
+        model_cfg = load_config(cfg.model)[0]  # first: a folder that is not a Qwen3-MoE checkpoint says so
         tok = load_tokenizer(cfg.model)
         task = make_jsonl_task(cfg.task, tok, max_new_tokens=cfg.max_new_tokens or 1024)
         eval_task = make_jsonl_task(cfg.eval_task, tok, max_new_tokens=task.max_new_tokens) if cfg.eval_task else None
-        check_fits([task, eval_task], load_config(cfg.model)[0], cfg.max_new_tokens)
+        check_fits([task, eval_task], model_cfg, cfg.max_new_tokens)
         # collective under torchrun (broadcast load), so no rank writes below before every rank checked `out`
         model, plain = load_policy(cfg.model, world=world, device=device, fsdp_param_dtype=cfg.fsdp_param_dtype,
                                    activation_checkpointing=cfg.activation_checkpointing,
@@ -443,12 +523,14 @@ def make_rollout_engine(cfg: TrainConfig, model):
                        weights_dtype=torch.float32 if cfg.rollout_dtype == "fp32" else torch.bfloat16)
 
 
-def read_disk_rollouts(cfg: TrainConfig, model_cfg, num_shards: int, lead: bool) -> list | None:
+def read_disk_rollouts(cfg: TrainConfig, p: Policy, num_shards: int, lead: bool) -> list | None:
     """--rollouts: every batch, validated against the model before any work (a run that refuses to start beats
-    one that silently trains without replay). Each step's batch is cut into the --shards data shards."""
+    one that silently trains without replay): every step folder whole (`load_rollouts`), sampled at --temperature by
+    the model this run starts from (meta.model_digest, unless --allow-other-model), cut into the --shards data shards
+    and into --mini-steps minibatches."""
     if not cfg.rollouts:
         return None
-    disk = load_rollouts(cfg.rollouts, model_cfg, require_routes=cfg.replay == "r3")
+    disk = load_rollouts(cfg.rollouts, p.model.cfg, require_routes=cfg.replay == "r3")
     for b in disk:  # π_old must be scored on the engine's scale, or kl and the IS weights are silently wrong
         if abs(float(b.meta.get("temperature", 1.0)) - cfg.temperature) > 1e-9:
             sys.exit(f"error: {b.meta['source']} was sampled at temperature {b.meta.get('temperature')}, but "
@@ -457,7 +539,23 @@ def read_disk_rollouts(cfg: TrainConfig, model_cfg, num_shards: int, lead: bool)
             check_shardable(b, num_shards, b.meta["source"])
         except ValueError as e:
             sys.exit(f"error: {e}")
+        check_mini_steps(cfg.mini_steps, len(b) // num_shards, b.meta["source"], lead)
+    recorded = [b for b in disk if b.meta.get("model_digest")]
+    mine = model_digest(p.plain if p.plain is not None else p.model) if recorded else None
+    other = [b for b in recorded if b.meta["model_digest"] != mine]
+    if other:
+        b = other[0]
+        what = (f"{b.meta['source']} was sampled by another model ({b.meta.get('model', 'meta.model_digest')}; "
+                f"{len(other)} of {len(disk)} batches) than the one this run starts from")
+        if not cfg.allow_other_model:
+            sys.exit(f"error: {what}: pass the rollouts' --preset / --model / --task / --warmup-steps / --init-seed, "
+                     f"or --allow-other-model if you mean it")
+        if lead:
+            print(f"warning: {what} (--allow-other-model)")
     if lead:
+        if len(recorded) < len(disk):
+            print(f"note: {len(disk) - len(recorded)} rollout batch(es) record no model (meta.model_digest), so "
+                  f"nothing checks that this model sampled them")
         print(f"training on {len(disk)} rollout batch(es) from {cfg.rollouts}; the engine only serves val/kl")
     return disk
 
@@ -474,12 +572,13 @@ def resume(run: Run) -> int:
         changes = check_resume(saved, asdict(run.cfg), RUN_DEFINING, allow=set(run.cfg.allowed_changes()))
         start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
                                        engine=run.engine if run.cfg.engine == "local" else None)
-        kept = check_steps(truncate_metrics(run.path("metrics.jsonl"), start))
+        kept = check_steps([r for r in read_metrics(run.path("metrics.jsonl")) if r["step"] < start])
     except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"error: cannot resume {run.out}: {e}")
     if kept != start:
         sys.exit(f"error: cannot resume {run.out}: metrics.jsonl holds steps 0..{kept - 1} but ckpt.pt is at step "
                  f"{start}; those lines are lost, so the run would not be whole")
+    truncate_metrics(run.path("metrics.jsonl"), start)  # only now: a refused resume leaves the log as it was
     run.guard.load_state_dict(extra["guard"])
     if changes:
         run.folder.record_resume(start, changes)
@@ -501,6 +600,7 @@ def finish(run: Run, stopped_on: list[str] | None) -> None:
         stamp(run.out, t0=run.t0)
         if run.tb is not None:
             run.tb.close()
+        run.folder.release()
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
@@ -528,4 +628,4 @@ def dry_run(cfg: TrainConfig) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

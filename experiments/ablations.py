@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
 from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
+from r3.errors import run_main
 from r3.guard import ema_series
 from r3.io import read_jsonl
 
@@ -126,4 +127,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

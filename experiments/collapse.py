@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt
 
 from experiments.sweep import COMMON, run_all, summarize
 from experiments.common import fmt, write_results
+from r3.errors import run_main
 from r3.guard import ema_series
 from r3.io import read_jsonl
 
@@ -341,4 +342,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

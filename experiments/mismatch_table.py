@@ -26,6 +26,7 @@ import torch
 from experiments.common import fmt, markdown_table, write_results
 from r3.collect import rollout
 from r3.engine import ROLLOUT_DTYPES
+from r3.errors import run_main
 from r3.metrics import kl_k3
 from r3.model import PRESETS
 from r3.score import old_policy_pass
@@ -174,4 +175,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

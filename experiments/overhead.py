@@ -17,6 +17,7 @@ import torch
 
 from experiments.common import write_results
 from r3.engine import Engine
+from r3.errors import run_main
 from r3.model import PRESETS, KVCache, build_model
 from r3.moe import check_routes
 from r3.routing import DEFAULT_FILE_CODEC, decode_routes, encode_routes, routes_dtype
@@ -171,4 +172,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -41,6 +41,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from experiments.common import fmt, markdown_table, write_results
 from r3.engine import Engine
+from r3.errors import run_main
 from r3.hf import save_pretrained
 from r3.model import PRESETS, ModelConfig, build_model
 from r3.moe import MoE
@@ -406,4 +407,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -28,8 +28,10 @@ does not fit. `batch_from_samples` builds a Batch from external-engine samples (
 """
 import hashlib
 import json
+import numbers
 import os
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field, fields
 
@@ -37,7 +39,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from r3.engine_formats import EngineSample, fit_routes
+from r3.engine_formats import EngineSample, routes_shaped, token_ids
+from r3.errors import InputError, MissingInputError
 from r3.io import atomic_write
 from r3.moe import RoutesError
 from r3.routing import CODECS, DEFAULT_FILE_CODEC, decode_routes, encode_routes, \
@@ -97,6 +100,22 @@ def batch_digest(tensors: dict[str, torch.Tensor], header: dict[str, str], manif
     return "sha256:" + h.hexdigest()
 
 
+def check_batch_target(out_dir: str) -> None:
+    """Raise InputError unless `out_dir` can take a batch folder: absent, or a batch folder (replaced whole); not a
+    file, not below a file, not a folder of other files. rollout.py calls it before any work."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise InputError(f"{out_dir!r} is a file; a rollout batch is a folder")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise InputError(f"cannot write a rollout batch to {out_dir!r}: {parent} is a file")
+    if os.path.isdir(out_dir):
+        other = sorted(set(os.listdir(out_dir)) - {f + s for f in BATCH_FILES for s in ("", ".tmp", ".old")})
+        if other:
+            raise InputError(f"refusing to replace {out_dir!r} with a rollout batch: it holds other files {other[:5]}")
+
+
 def save_batch(batch: Batch, out_dir: str, *, codec: str = DEFAULT_FILE_CODEC, num_experts: int | None = None) -> None:
     """Write the folder as one atomic unit: a temp folder with tensors + manifest, fsynced, renamed over `out_dir`.
 
@@ -104,10 +123,7 @@ def save_batch(batch: Batch, out_dir: str, *, codec: str = DEFAULT_FILE_CODEC, n
     of the content (`batch_digest`). Refuses to replace a folder that holds anything but a batch.
     """
     out_dir = out_dir.rstrip(os.sep)
-    if os.path.isdir(out_dir):
-        other = sorted(set(os.listdir(out_dir)) - {f + s for f in BATCH_FILES for s in ("", ".tmp", ".old")})
-        if other:
-            raise ValueError(f"refusing to replace {out_dir!r} with a rollout batch: it holds other files {other[:5]}")
+    check_batch_target(out_dir)
     tensors = {k: getattr(batch, k).contiguous() for k in TENSORS}
     header, info = {}, dict(has_routes=batch.routes is not None, routes_shape=None, routes_codec=None)
     if batch.routes is not None:
@@ -164,12 +180,12 @@ def _read_manifest(in_dir: str) -> dict:
         with open(mpath, encoding="utf-8") as f:
             manifest = json.load(f)
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"{mpath}: not valid JSON ({e})") from e
+        raise InputError(f"{mpath}: not valid JSON ({e})") from e
     if not isinstance(manifest, dict) or manifest.get("format") != "r3-batch":
-        raise ValueError(f"{mpath}: not an r3 rollout manifest")
+        raise InputError(f"{mpath}: not an r3 rollout manifest")
     version = manifest.get("version", 1)
     if version not in (1, 2, 3):
-        raise ValueError(f"{mpath}: unsupported manifest version {version!r} (this code reads 1, 2, 3)")
+        raise InputError(f"{mpath}: unsupported manifest version {version!r} (this code reads 1, 2, 3)")
     need = dict(num_rows=int, seq_len=int, has_routes=bool)
     if manifest.get("has_routes") and version >= 2:
         need.update(routes_shape=list, routes_codec=str)
@@ -177,11 +193,11 @@ def _read_manifest(in_dir: str) -> dict:
         need.update(checksum=str)
     for k, typ in need.items():
         if k not in manifest:
-            raise ValueError(f"{mpath}: missing field {k!r}")
+            raise InputError(f"{mpath}: missing field {k!r}")
         if not isinstance(manifest[k], typ) or (typ is int and isinstance(manifest[k], bool)):
-            raise ValueError(f"{mpath}: field {k!r} is {manifest[k]!r}, expected {typ.__name__}")
+            raise InputError(f"{mpath}: field {k!r} is {manifest[k]!r}, expected {typ.__name__}")
     if not isinstance(manifest.get("meta", {}), dict):
-        raise ValueError(f"{mpath}: field 'meta' must be an object")
+        raise InputError(f"{mpath}: field 'meta' must be an object")
     return manifest
 
 
@@ -194,23 +210,23 @@ def _missing_folder(in_dir: str) -> str:
 def _load(in_dir: str) -> tuple[Batch, dict]:
     in_dir = in_dir.rstrip(os.sep)
     if not os.path.isdir(in_dir):
-        raise FileNotFoundError(_missing_folder(in_dir))
+        raise MissingInputError(_missing_folder(in_dir))
     mpath, tpath = os.path.join(in_dir, "manifest.json"), os.path.join(in_dir, "batch.safetensors")
     for p in (mpath, tpath):
         if not os.path.exists(p):
-            raise FileNotFoundError(f"rollout folder {in_dir!r} has no {os.path.basename(p)}")
+            raise MissingInputError(f"rollout folder {in_dir!r} has no {os.path.basename(p)}")
     manifest = _read_manifest(in_dir)
     try:
         t = load_file(tpath)
         header = _header(tpath)
     except Exception as e:  # safetensors raises its own error types for truncated or corrupt files
-        raise ValueError(f"{tpath}: corrupt or truncated safetensors file ({e})") from e
+        raise InputError(f"{tpath}: corrupt or truncated safetensors file ({e})") from e
     missing = [k for k in TENSORS if k not in t]
     if missing:
-        raise ValueError(f"{tpath}: missing tensors {missing}")
+        raise InputError(f"{tpath}: missing tensors {missing}")
     B, T = manifest["num_rows"], manifest["seq_len"]
     if tuple(t["tokens"].shape) != (B, T):
-        raise ValueError(f"{tpath}: tokens shape {tuple(t['tokens'].shape)} != manifest ({B}, {T})")
+        raise InputError(f"{tpath}: tokens shape {tuple(t['tokens'].shape)} != manifest ({B}, {T})")
     routes = t.get("routes")
     if manifest["has_routes"]:
         if routes is None:
@@ -223,7 +239,7 @@ def _load(in_dir: str) -> tuple[Batch, dict]:
         raise RoutesError(f"{tpath}: the file holds routes but the manifest says none were recorded")
     if manifest.get("version", 1) >= 3:
         if batch_digest(t, header, manifest) != manifest["checksum"]:
-            raise ValueError(f"{in_dir}: checksum mismatch: the content is not what save_batch wrote (a flipped bit, "
+            raise InputError(f"{in_dir}: checksum mismatch: the content is not what save_batch wrote (a flipped bit, "
                              f"a partial copy or an edit); refusing it")
     else:
         warnings.warn(f"{in_dir}: a version-{manifest.get('version', 1)} rollout folder has no checksum, so its "
@@ -246,21 +262,39 @@ def _natural_key(path: str) -> list:
     return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", path)]
 
 
-def rollout_folders(path: str) -> list[str]:
+def rollout_folders(path: str, *, notes: bool = True) -> list[str]:
     """`path` if it is a batch folder, else every batch folder below it in natural order (step2 before step10).
-    Temporary copies left by a killed writer (`*.tmp`, `*.old`) are skipped."""
-    path = path.rstrip(os.sep)
+
+    A folder of steps must be whole. Refused, naming the folder: a step folder without manifest.json (it holds
+    batch files or nothing: a lost manifest, a copy cut short), and a killed writer's temporary copy `stepN.tmp`
+    with no `stepN` beside it (a step whose write never finished). A `*.tmp` / `*.old` beside a complete folder (a
+    rewrite that was killed) is skipped with a one-line note on stderr. Folders holding other files are not steps.
+    """
+    path = path.rstrip(os.sep) or os.sep
     if os.path.exists(os.path.join(path, "manifest.json")):
         return [path]
     if not os.path.isdir(path):
-        raise FileNotFoundError(_missing_folder(path))
+        if os.path.exists(path):
+            raise InputError(f"rollouts {path!r} is a file, not a rollout folder (or a folder of them)")
+        raise MissingInputError(_missing_folder(path))
     dirs = []
     for root, sub, files in os.walk(path):
+        for s in sorted(x for x in sub if x.endswith((".tmp", ".old"))):
+            left, final = os.path.join(root, s), os.path.join(root, s[:-4])
+            if not os.path.isdir(final):
+                raise InputError(f"{left} is a copy left by a killed write (rollout.py?) and {final} does not "
+                                 f"exist: a step is missing; rerun that rollout, or delete {left}")
+            if notes:
+                print(f"note: skipping {left}, left by a killed rewrite of {final}", file=sys.stderr)
         sub[:] = [s for s in sub if not s.endswith((".tmp", ".old"))]
         if "manifest.json" in files:
             dirs.append(root)
+        elif root != path and not sub and (not files or set(files) & {"batch.safetensors", "summary.json"}):
+            have = f"holds {sorted(files)} but" if files else "is empty and has"
+            raise InputError(f"step folder {root} {have} no manifest.json: a step of {path} is missing or damaged; "
+                             f"restore it (rerun rollout.py --out {root}) or remove the folder")
     if not dirs:
-        raise FileNotFoundError(f"no rollout folders (with manifest.json) under {path!r}")
+        raise MissingInputError(f"no rollout folders (with manifest.json) under {path!r}")
     return sorted(dirs, key=_natural_key)
 
 
@@ -289,10 +323,13 @@ def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: d
     """Lay engine samples out as our Batch (prompts left padded, outputs right padded), as Engine.generate does.
 
     Positions without a token get the distinct dummy ids 0..K-1 (outside loss_mask). rollout_logp is 0 where the
-    engine gave no log-probs (meta["rollout_logp_missing"] lists those rows).
+    engine gave no log-probs (meta["rollout_logp_missing"] lists those rows). The result is checked exactly as a
+    saved folder is at load (`check_batch_fields`, `check_batch_model`): errors name the field, row (= sample index)
+    and position, and nothing a saved folder would refuse is returned.
     """
-    if not samples:
-        raise ValueError("batch_from_samples needs at least one sample")
+    if not isinstance(samples, (list, tuple)) or not samples:
+        raise InputError(f"batch_from_samples needs a non-empty list of EngineSample, got {samples!r:.80}")
+    samples = [_checked_sample(s, cfg, f"batch_from_samples: sample {i}") for i, s in enumerate(samples)]
     B, K = len(samples), cfg.num_experts_per_tok
     Lp, N = max(len(s.prompt_ids) for s in samples), max(len(s.output_ids) for s in samples)
     T = Lp + N
@@ -307,8 +344,7 @@ def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: d
         o = Lp - p
         where = f"sample {i}"
         if n == 0:
-            raise ValueError(f"{where}: no output tokens")
-        fit_routes(s.routes, cfg, p + n, where)
+            raise InputError(f"{where}: no output tokens")
         tokens[i, o:Lp + n] = torch.tensor(s.prompt_ids + s.output_ids)
         attn[i, o:Lp + n] = True
         resp[i, Lp:Lp + n] = True
@@ -316,10 +352,39 @@ def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: d
         if s.output_logp is None:
             missing.append(i)
         elif len(s.output_logp) != n:
-            raise ValueError(f"{where}: {len(s.output_logp)} log-probs for {n} output tokens")
+            raise InputError(f"{where}: {len(s.output_logp)} log-probs for {n} output tokens")
         else:
             logp[i, Lp - 1:Lp - 1 + n] = torch.tensor(s.output_logp)
+    if meta is not None and not isinstance(meta, dict):
+        raise InputError(f"batch_from_samples: meta is {type(meta).__name__}, expected a dict")
     meta = dict(meta or {}, prompt_len=Lp, num_experts=cfg.num_experts, rollout_logp_missing=missing)
-    return Batch(tokens=tokens, attn_mask=attn, response_mask=resp, rollout_logp=logp,
-                 routes=routes.to(routes_dtype(cfg.num_experts)), rewards=torch.tensor([s.reward for s in samples]),
-                 group=torch.tensor([s.group for s in samples]), meta=meta)
+    b = Batch(tokens=tokens, attn_mask=attn, response_mask=resp, rollout_logp=logp,
+              routes=routes.to(routes_dtype(cfg.num_experts)),
+              rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+              group=torch.tensor([s.group for s in samples], dtype=torch.long), meta=meta)
+    check_batch_fields(b, "batch_from_samples")
+    check_batch_model(b, cfg, "batch_from_samples", require_routes=True)
+    return b
+
+
+def _checked_sample(s, cfg, where: str) -> EngineSample:
+    """The sample with its fields in the types the layout needs (ids as lists of ints, routes [n - 1, L, K] int64,
+    a float reward, an int group); InputError naming the sample and field of anything else."""
+    for name in ("prompt_ids", "output_ids", "routes", "output_logp", "reward", "group"):
+        if not hasattr(s, name):
+            raise InputError(f"{where} is a {type(s).__name__} without {name!r}, expected an EngineSample")
+    prompt, out = token_ids(s.prompt_ids, f"{where}: prompt_ids"), token_ids(s.output_ids, f"{where}: output_ids")
+    logp = None
+    if s.output_logp is not None:
+        if not isinstance(s.output_logp, (list, tuple, torch.Tensor)):
+            raise InputError(f"{where}: output_logp is a {type(s.output_logp).__name__}, expected a list or None")
+        logp = [float(x) if isinstance(x, torch.Tensor) else x for x in s.output_logp]
+        bad = [j for j, x in enumerate(logp) if isinstance(x, bool) or not isinstance(x, numbers.Real)]
+        if bad:
+            raise InputError(f"{where}: output_logp[{bad[0]}] is {logp[bad[0]]!r}, not a number")
+    for name, typ in (("reward", numbers.Real), ("group", numbers.Integral)):
+        v = getattr(s, name)
+        if isinstance(v, bool) or not isinstance(v, typ):
+            raise InputError(f"{where}: {name} is {v!r}, expected {'a number' if name == 'reward' else 'an int'}")
+    return EngineSample(prompt, out, routes_shaped(s.routes, cfg, len(prompt) + len(out), where), logp,
+                        float(s.reward), int(s.group))

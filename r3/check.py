@@ -29,7 +29,8 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from r3.batch import Batch, TENSORS, load_batch
+from r3.batch import Batch, TENSORS, load_batch, rollout_folders
+from r3.errors import InputError, run_main
 from r3.moe import RoutesError
 from r3.metrics import kl_k3
 from r3.score import old_policy_pass, score
@@ -73,12 +74,9 @@ def load_raw(folder: str) -> Batch:
 
 
 def find_batches(path: str) -> list[Batch]:
-    dirs = [path] if os.path.exists(os.path.join(path, "manifest.json")) else sorted(
-        root for root, _, files in os.walk(path) if "manifest.json" in files)
-    if not dirs:
-        raise FileNotFoundError(f"no rollout folders (with manifest.json) under {path!r}")
+    """Every batch folder of `path` (`r3.batch.rollout_folders`: a gap in the steps is refused), read raw."""
     out = []
-    for d in dirs:
+    for d in rollout_folders(path):
         b = load_raw(d)
         b.meta["source"] = d
         out.append(b)
@@ -110,7 +108,7 @@ def check_alignment(model, batches: list[Batch]) -> dict:
     """Per-layer agreement of recorded routes with `model`'s own top-k, kl with / without replay, and findings."""
     cfg = model.cfg
     if cfg.dense:
-        raise ValueError("the model is dense: it has no routers to check routes against")
+        raise InputError("the model is dense: it has no routers to check routes against")
     L, K, E = cfg.num_hidden_layers, cfg.num_experts_per_tok, cfg.num_experts
     ov, flips, n = torch.zeros(L, dtype=torch.float64), torch.zeros(L, dtype=torch.float64), 0
     shifts, dups, zeros, bad, kls = {}, torch.zeros(L, dtype=torch.long), torch.zeros(L, dtype=torch.long), 0, []
@@ -254,4 +252,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

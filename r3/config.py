@@ -7,6 +7,8 @@ written once; `args.json` is `dataclasses.asdict(config)`.
 
 Validation happens before any work: each field's domain (`>= 1`, `> 0`, `in (0, 1]`, finite, ...) and the
 cross-field rules in `validate()`. A value outside its domain is refused with a message that states the domain.
+Sizes are bounded, so a typo cannot ask for a step that never starts: at most MAX_PROMPTS prompts per step (and
+held-out prompts), MAX_GROUP samples per prompt, MAX_ROWS rows (prompts × samples) per step, MAX_THREADS threads.
 Derived values (clip range by loss, log-prob chunk by vocabulary, response length by task, shards by world size)
 are methods: computed where used, never written back into the config.
 """
@@ -32,6 +34,11 @@ NONNEG = _domain(">= 0 and finite", lambda v: v >= 0 and math.isfinite(v))
 AT_LEAST_1 = _domain(">= 1 and finite", lambda v: v >= 1 and math.isfinite(v))
 CLIP_NORM = _domain("> 0 (inf = no clipping)", lambda v: v > 0)
 PROB = _domain("in (0, 1]", lambda v: 0 < v <= 1)
+MAX_PROMPTS, MAX_GROUP, MAX_ROWS, MAX_THREADS = 1 << 16, 1 << 10, 1 << 20, 1 << 10
+PROMPTS = _domain(f"in [1, {MAX_PROMPTS}]", lambda v: 1 <= v <= MAX_PROMPTS)
+GROUP = _domain(f"in [1, {MAX_GROUP}]", lambda v: 1 <= v <= MAX_GROUP)
+SAMPLES = _domain(f"in [0, {MAX_GROUP}]", lambda v: 0 <= v <= MAX_GROUP)
+THREADS = _domain(f"in [1, {MAX_THREADS}]", lambda v: 1 <= v <= MAX_THREADS)
 
 
 def flag(default, help: str, *, choices=None, domain=None, alias: str | None = None, required: bool = False):
@@ -53,9 +60,9 @@ class SamplingConfig:
     seed: int = flag(0, "seed of the prompts and of sampling (and of init and warm-up, unless --init-seed)",
                      domain=INT_GE0)
     init_seed: int | None = flag(None, "seed of the preset's init and warm-up (default: --seed)", domain=INT_GE0)
-    prompts_per_step: int = flag(16, "prompts per step (rollout.py: prompts in the batch)", domain=INT_GE1,
+    prompts_per_step: int = flag(16, "prompts per step (rollout.py: prompts in the batch)", domain=PROMPTS,
                                  alias="--num-prompts")
-    group_size: int = flag(8, "samples per prompt (the GRPO group size G)", domain=INT_GE1)
+    group_size: int = flag(8, "samples per prompt (the GRPO group size G)", domain=GROUP)
     rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8, fp8-channel, fp8-router, int4, "
                                       "fp4, mxfp4 = simulated low-bit serving weights (r3/quant.py)",
                               choices=sorted(ROLLOUT_DTYPES))
@@ -64,7 +71,7 @@ class SamplingConfig:
     max_new_tokens: int | None = flag(None, "response length limit (default: the task's; jsonl: 1024)",
                                       domain=INT_GE1)
     threads: int = flag(1, "torch intra-op threads (the toy gains nothing from more; run arms in parallel)",
-                        domain=INT_GE1)
+                        domain=THREADS)
 
     @property
     def model_seed(self) -> int:
@@ -74,6 +81,9 @@ class SamplingConfig:
         """Cross-field rules; raises ValueError. Field domains are checked by `parse` (and `check_domains`)."""
         if self.model and self.dense:
             raise ValueError("--dense builds the dense twin of a toy preset; a checkpoint has no dense twin")
+        if self.prompts_per_step * self.group_size > MAX_ROWS:
+            raise ValueError(f"--prompts-per-step {self.prompts_per_step} × --group-size {self.group_size} = "
+                             f"{self.prompts_per_step * self.group_size} rows per step; at most {MAX_ROWS}")
 
 
 @dataclass(frozen=True)
@@ -102,8 +112,8 @@ class TrainConfig(SamplingConfig):
     is_cap: float = flag(2.0, "C for --is-correction", domain=AT_LEAST_1)
     eval_every: int = flag(50, "every N steps, and at the end, held-out accuracy (greedy and sampled) and reward on "
                                "--eval-prompts prompts training never draws (0 = never)", domain=INT_GE0)
-    eval_prompts: int = flag(256, "held-out prompts (the same set for every seed and arm)", domain=INT_GE1)
-    eval_samples: int = flag(4, "sampled responses per held-out prompt (plus one greedy)", domain=INT_GE0)
+    eval_prompts: int = flag(256, "held-out prompts (the same set for every seed and arm)", domain=PROMPTS)
+    eval_samples: int = flag(4, "sampled responses per held-out prompt (plus one greedy)", domain=SAMPLES)
     eval_task: str | None = flag(None, "jsonl:FILE of held-out prompts (default: the task's own held-out split)")
     dump_every: int = flag(50, "every N steps write a sample dump, OUT/samples/stepN (a few rows with per-token "
                                "engine vs trainer log-probs and flipped layers; read it with python -m r3.inspect "
@@ -117,7 +127,7 @@ class TrainConfig(SamplingConfig):
                                   "Changes nothing but what is logged", domain=INT_GE1)
     val_every: int = flag(25, "every N steps log val/kl: normal vs replayed train forward on held-out rollouts "
                               "(0 = never)", domain=INT_GE0)
-    val_prompts: int = flag(32, "held-out prompts for val/kl", domain=INT_GE1)
+    val_prompts: int = flag(32, "held-out prompts for val/kl", domain=PROMPTS)
     fidelity_every: int = flag(0, "every N steps log fidelity/cos and fidelity/rel_err: the arm's first-mini-step "
                                   "gradient vs the on-policy gradient from an fp32 engine, same prompts and weights, "
                                   "coupled sampling (r3/fidelity.py; changes no other metric; 0 = never)",
@@ -142,6 +152,9 @@ class TrainConfig(SamplingConfig):
     rollouts: str | None = flag(None, "train on rollouts read from this folder (rollout.py output, or converted "
                                       "SGLang/vLLM responses; one batch folder per step, cycled) instead of "
                                       "generating them; with --r3 every sample must carry routes that fit the model")
+    allow_other_model: bool = flag(False, "--rollouts: train even on rollouts whose recorded model "
+                                          "(meta.model_digest, written by rollout.py) is not the model this run "
+                                          "starts from (refused by default: their log-probs are another policy's)")
     out: str | None = flag(None, "run folder (default runs/TASK-MODE-DTYPE-sSEED)")
     resume: bool = flag(False, "continue from OUT/ckpt.pt (bit-identical metrics on CPU)")
     overwrite: bool = flag(False, "replace an existing run folder instead of refusing")
@@ -190,6 +203,8 @@ class TrainConfig(SamplingConfig):
                 parse_engine(self.engine)
             except ValueError as e:
                 raise ValueError(f"--engine: {e}, or local") from None
+        if self.allow_other_model and not self.rollouts:
+            raise ValueError("--allow-other-model applies to --rollouts only")
         if self.engine != "local" and (self.rollouts or self.dense):
             raise ValueError("--engine samples with a server: drop --rollouts / --dense (a server engine returns "
                              "routes for an MoE)")
@@ -233,7 +248,7 @@ RUN_DEFINING = ("preset", "model", "dense", "task", "warmup_steps", "seed", "ini
 
 @dataclass(frozen=True)
 class RolloutConfig(SamplingConfig):
-    prompts_per_step: int = flag(64, "prompts in the batch (the same flag as train.py's)", domain=INT_GE1,
+    prompts_per_step: int = flag(64, "prompts in the batch (the same flag as train.py's)", domain=PROMPTS,
                                  alias="--num-prompts")
     out: str = flag(None, "output folder (batch.safetensors + manifest.json)", required=True)
     arch: str | None = flag(None, "architecture preset for a checkpoint whose metadata carries no model config",
@@ -292,6 +307,6 @@ def parse(cls, argv=None, description: str = ""):
     try:
         check_domains(config)
         config.validate()
-    except ValueError as e:
-        p.error(str(e))
+    except ValueError as e:  # one line, without argparse's usage block: the message names the flag and its domain
+        p.exit(2, f"{p.prog}: error: {e}\n")
     return config

@@ -20,11 +20,15 @@ our layout whose logits score padding). Both lie outside `loss_mask`. `sglang_sa
 """
 import base64
 import binascii
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
+from r3.errors import InputError
 from r3.moe import RoutesError, check_routes
+from r3.validate import LOGP_TOL
 
 _WIRE_DTYPES = {"int32": torch.int32, "uint16": torch.uint16, "uint8": torch.uint8}
 
@@ -40,18 +44,63 @@ class EngineSample:
     group: int = 0
 
 
-def fit_routes(routes: torch.Tensor, cfg, n_tokens: int, where: str) -> torch.Tensor:
-    L, K, E = cfg.num_hidden_layers, cfg.num_experts_per_tok, cfg.num_experts
+def id_tensor(x, where: str) -> torch.Tensor:
+    """An integer tensor from a tensor, an array or nested lists of ints; RoutesError naming `where` otherwise."""
+    if x is None:
+        raise RoutesError(f"{where} is None; expected expert ids [positions, layers, k]")
+    try:
+        t = x if isinstance(x, torch.Tensor) else torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise RoutesError(f"{where}: a {type(x).__name__} that is not an array of expert ids ({e})") from e
+    if t.dtype == torch.bool or t.dtype.is_floating_point or t.dtype.is_complex:
+        raise RoutesError(f"{where}: expert ids must be integers, got {t.dtype}")
+    return t
+
+
+def routes_shaped(routes, cfg, n_tokens: int, where: str) -> torch.Tensor:
+    """`routes` as int64 [n_tokens - 1, L, K] (any `id_tensor` input); the ids themselves are not checked."""
+    L, K = cfg.num_hidden_layers, cfg.num_experts_per_tok
     if cfg.dense:
         raise RoutesError(f"{where}: the model config is dense; it has no routes to import")
+    routes = id_tensor(routes, f"{where}: routes")
     if tuple(routes.shape) != (n_tokens - 1, L, K):
         raise RoutesError(f"{where}: routes shape {tuple(routes.shape)} but {n_tokens} tokens on a model with {L} "
                           f"layers and top-{K} need [{n_tokens - 1}, {L}, {K}] (one row per fed position)")
+    return routes.long()
+
+
+def fit_routes(routes, cfg, n_tokens: int, where: str) -> torch.Tensor:
+    """`routes_shaped`, then every id checked (`r3.moe.check_routes`): in range, K distinct per position and layer."""
+    L, K, E = cfg.num_hidden_layers, cfg.num_experts_per_tok, cfg.num_experts
+    routes = routes_shaped(routes, cfg, n_tokens, where)
     try:
         check_routes(routes[None], batch=1, seq=n_tokens - 1, num_layers=L, top_k=K, num_experts=E)
     except RoutesError as e:
         raise RoutesError(f"{where}: {e}") from e
-    return routes.long()
+    return routes
+
+
+def token_ids(x, where: str) -> list[int]:
+    """A list of token ids (ints >= 0; the vocabulary is checked with the batch); InputError naming `where`."""
+    if not isinstance(x, (list, tuple)) and not (isinstance(x, torch.Tensor) and x.dim() == 1):
+        raise InputError(f"{where} is {'None' if x is None else type(x).__name__}, expected a list of token ids")
+    ids = x.tolist() if isinstance(x, torch.Tensor) else list(x)
+    bad = [i for i, t in enumerate(ids) if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0]
+    if bad:
+        raise InputError(f"{where}[{bad[0]}] is {ids[bad[0]]!r}, not a token id (an integer >= 0)")
+    return [int(t) for t in ids]
+
+
+def check_logps(values: list[float], where: str) -> list[float]:
+    """Engine log-probs of the sampled tokens: each a finite number <= 0 (up to rounding); names the index."""
+    out = []
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise InputError(f"{where}[{i}] is {v!r}, not a log-probability")
+        if not math.isfinite(v) or v > LOGP_TOL:
+            raise InputError(f"{where}[{i}] is {v}: not a log-probability (finite and <= 0)")
+        out.append(float(v))
+    return out
 
 
 def decode_sglang_routes(meta_info: dict, cfg, *, seq_len: int, prev_routes: torch.Tensor | None = None,
@@ -87,30 +136,52 @@ def decode_sglang_routes(meta_info: dict, cfg, *, seq_len: int, prev_routes: tor
         raise RoutesError(f"{where}: {new.shape[0]} rows but positions [{S}, {seq_len - 1}) of a {seq_len}-token "
                           f"sequence need {seq_len - 1 - S} (routed_experts_start_len={S})")
     if S:
-        if prev_routes is None or prev_routes.shape[0] < S:
-            have = None if prev_routes is None else prev_routes.shape[0]
+        if prev_routes is None:
             raise RoutesError(f"{where}: the payload starts at position {S} (routed_experts_start_len); pass the "
-                              f"earlier routes of this conversation as prev_routes (>= {S} rows, got {have})")
-        new = torch.cat([prev_routes[:S].long(), new])
+                              f"earlier routes of this conversation as prev_routes (>= {S} rows, got None)")
+        prev = id_tensor(prev_routes, f"{where}: prev_routes")
+        if prev.dim() != 3 or tuple(prev.shape[1:]) != (L, K) or prev.shape[0] < S:
+            raise RoutesError(f"{where}: prev_routes has shape {list(prev.shape)}; positions [0, {S}) on a model "
+                              f"with {L} layers and top-{K} need [>= {S}, {L}, {K}]")
+        new = torch.cat([prev[:S].long(), new])
     return fit_routes(new, cfg, seq_len, where)
 
 
 def sglang_sample(prompt_ids: list[int], response: dict, cfg, *, prev_routes: torch.Tensor | None = None,
                   start_len: int | None = None, reward: float = 0.0, group: int = 0) -> EngineSample:
-    """One SGLang /generate response (`{"output_ids", "meta_info"}`) for the request's `prompt_ids`."""
+    """One SGLang /generate response (`{"output_ids", "meta_info"}`) for the request's `prompt_ids`. The log-prob
+    entries must be for the output tokens, in order, and be log-probabilities."""
+    where = "SGLang response"
+    if not isinstance(response, dict):
+        raise InputError(f"{where} is {type(response).__name__}, expected the /generate JSON object "
+                         f"{{'output_ids': [...], 'meta_info': {{...}}}}")
     meta = response.get("meta_info", {})
+    if not isinstance(meta, dict):
+        raise InputError(f"{where}: meta_info is {type(meta).__name__}, expected an object")
+    prompt_ids = token_ids(prompt_ids, "prompt_ids")
     lp = meta.get("output_token_logprobs")  # [(logprob, token_id, text), ...] when return_logprob=True
+    if lp is not None and (not isinstance(lp, (list, tuple)) or
+                           not all(isinstance(x, (list, tuple)) and len(x) >= 2 for x in lp)):
+        raise InputError(f"{where}: meta_info.output_token_logprobs must be a list of [logprob, token_id, text]")
     out = response.get("output_ids")
     if out is None and lp is not None:
-        out = [int(x[1]) for x in lp]
+        out = [x[1] for x in lp]
     if out is None:
-        raise ValueError("SGLang response has neither output_ids nor meta_info.output_token_logprobs")
-    if lp is not None and len(lp) != len(out):
-        raise ValueError(f"SGLang response: {len(lp)} output_token_logprobs for {len(out)} output tokens")
+        raise InputError(f"{where} has neither output_ids nor meta_info.output_token_logprobs")
+    out = token_ids(out, f"{where}: output_ids")
+    logp = None
+    if lp is not None:
+        if len(lp) != len(out):
+            raise InputError(f"{where}: {len(lp)} output_token_logprobs for {len(out)} output tokens")
+        wrong = [i for i, (x, t) in enumerate(zip(lp, out)) if x[1] != t]
+        if wrong:
+            i = wrong[0]
+            raise InputError(f"{where}: meta_info.output_token_logprobs[{i}] is for token {lp[i][1]!r} but "
+                             f"output_ids[{i}] is {out[i]} ({len(wrong)} of {len(out)} disagree)")
+        logp = check_logps([x[0] for x in lp], f"{where}: meta_info.output_token_logprobs logprob")
     routes = decode_sglang_routes(meta, cfg, seq_len=len(prompt_ids) + len(out), prev_routes=prev_routes,
                                   start_len=start_len)
-    logp = None if lp is None else [float(x[0]) for x in lp]
-    return EngineSample(list(prompt_ids), list(out), routes, logp, reward, group)
+    return EngineSample(prompt_ids, out, routes, logp, reward, group)
 
 
 def vllm_routes(prompt_routes, routes, cfg, *, n_prompt: int, n_output: int, where: str) -> torch.Tensor:
@@ -140,17 +211,22 @@ def vllm_routes(prompt_routes, routes, cfg, *, n_prompt: int, n_output: int, whe
 def vllm_sample(prompt_ids: list[int], completion, cfg, *, prompt_routes=None, reward: float = 0.0,
                 group: int = 0) -> EngineSample:
     """One vLLM `CompletionOutput` for `prompt_ids`; `prompt_routes`: its request's `prompt_routed_experts`."""
-    out = list(completion.token_ids)
+    if getattr(completion, "token_ids", None) is None:
+        raise InputError(f"vLLM completion is {type(completion).__name__} without token_ids, expected a "
+                         f"CompletionOutput")
+    prompt_ids = token_ids(prompt_ids, "prompt_ids")
+    out = token_ids(completion.token_ids, "vLLM CompletionOutput.token_ids")
     routes = vllm_routes(prompt_routes, getattr(completion, "routed_experts", None), cfg, n_prompt=len(prompt_ids),
                          n_output=len(out), where="vLLM CompletionOutput.routed_experts")
     logp = None
     if getattr(completion, "logprobs", None):  # one {token_id: Logprob} dict per output token
         lps = completion.logprobs
         if len(lps) != len(out):
-            raise ValueError(f"vLLM CompletionOutput.logprobs: {len(lps)} entries for {len(out)} output tokens")
+            raise InputError(f"vLLM CompletionOutput.logprobs: {len(lps)} entries for {len(out)} output tokens")
         for i, (d, t) in enumerate(zip(lps, out)):
             if t not in d:
-                raise ValueError(f"vLLM CompletionOutput.logprobs[{i}] has no entry for the sampled token {t} "
+                raise InputError(f"vLLM CompletionOutput.logprobs[{i}] has no entry for the sampled token {t} "
                                  f"(has {sorted(d)[:5]}); request logprobs for the sampled token")
-        logp = [float(getattr(d[t], "logprob", d[t])) for d, t in zip(lps, out)]
-    return EngineSample(list(prompt_ids), out, routes, logp, reward, group)
+        logp = check_logps([getattr(d[t], "logprob", d[t]) for d, t in zip(lps, out)],
+                           "vLLM CompletionOutput.logprobs (sampled token)")
+    return EngineSample(prompt_ids, out, routes, logp, reward, group)

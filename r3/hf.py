@@ -7,8 +7,8 @@ Hub and as transformers 4.x and 5.x both write to disk), we stack a layer's expe
 
 Loading builds the model on the `meta` device, streams the shards one tensor at a time into tensors of the final
 dtype/device, then `load_state_dict(strict=True, assign=True)`: peak host memory is the model plus one tensor,
-never the model twice. Anything off (missing or unexpected key, wrong shape, unreadable shard, an architecture
-feature we do not implement) raises `CheckpointError` naming it.
+never the model twice. Anything off (missing or unexpected key, wrong shape, a tensor that is not float or holds a
+NaN / inf, unreadable shard, an architecture feature we do not implement) raises `CheckpointError` naming it.
 
 `save_pretrained` writes HF layout: config.json in transformers-4.x names (5.x reads them too), per-expert keys,
 shards of at most `max_shard_size` bytes plus `model.safetensors.index.json`.
@@ -27,11 +27,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from r3.errors import InputError
 from r3.model import ModelConfig, Transformer
-from r3.validate import check_model_config
+from r3.validate import check_model_config, check_weight
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint we cannot load as it is. The message names the file, key or config field."""
 
 
@@ -182,8 +183,10 @@ def config_to_hf(cfg: ModelConfig, dtype: torch.dtype) -> dict:
 
 def load_config(path: str) -> tuple[ModelConfig, torch.dtype | None]:
     where = os.path.join(path, "config.json")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"model folder {path!r} " + ("is a file" if os.path.exists(path) else "does not exist"))
     if not os.path.exists(where):
-        raise CheckpointError(f"{path!r} has no config.json")
+        raise CheckpointError(f"{path!r} has no config.json: not an HF checkpoint folder")
     return config_from_hf(read_json(where), where)
 
 
@@ -258,6 +261,7 @@ def _place(hf_key, t, want, out, filled, dtype, device, fn):
         expect = shape[1:] if slot is not None else shape
         if tuple(x.shape) != tuple(expect):
             raise CheckpointError(f"{fn}: {hf_key!r} has shape {tuple(x.shape)}, the model needs {tuple(expect)}")
+        check_weight(x, hf_key, fn, CheckpointError)  # before the cast: an int would become a float silently
         if key not in out:
             if slot is None:
                 out[key] = x.to(device=device, dtype=dtype).contiguous()

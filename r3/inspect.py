@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from r3.batch import Batch, load_batch, save_batch
+from r3.errors import InputError, MissingInputError, run_main
 from r3.io import atomic_write, atomic_write_json
 from r3.metrics import extreme_frac, kl_k3, masked_mean
 from r3.plots import log_r_rgb, plot_inspection
@@ -287,13 +288,16 @@ def find_source(path: str, step: int | None = None) -> str:
     """A rollout or dump folder as given, or the dump of `step` (default: the latest) in a run folder."""
     if os.path.exists(os.path.join(path, "manifest.json")):
         return path
+    if not os.path.isdir(path):
+        raise MissingInputError(f"{path} does not exist") if not os.path.exists(path) else \
+            InputError(f"{path} is a file, not a rollout, dump or run folder")
     dumps = {int(m[1]): d for d in glob.glob(os.path.join(path, "samples", "step*"))
              if (m := re.fullmatch(r"step(\d+)", os.path.basename(d)))}
     if not dumps:
-        raise SystemExit(f"{path}: neither a rollout folder (manifest.json) nor a run folder with sample dumps "
+        raise InputError(f"{path}: neither a rollout folder (manifest.json) nor a run folder with sample dumps "
                          f"(samples/stepN/, written with train.py --dump-every)")
     if step is not None and step not in dumps:
-        raise SystemExit(f"{path}: no dump of step {step}; dumped steps: {sorted(dumps)}")
+        raise InputError(f"{path}: no dump of step {step}; dumped steps: {sorted(dumps)}")
     return dumps[max(dumps) if step is None else step]
 
 
@@ -379,4 +383,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

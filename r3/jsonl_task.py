@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from r3.errors import InputError, MissingInputError
 from r3.hf import Tokenizer
 from r3.tasks import check_split, prompt_split
 
@@ -73,12 +74,12 @@ def read_qa_lines(path: str, prompt_key: str = "prompt", answer_key: str = "answ
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path}:{n}: not UTF-8 text (byte {e.start} of the line: {e.reason})") from e
+                raise InputError(f"{path}:{n}: not UTF-8 text (byte {e.start} of the line: {e.reason})") from e
             if not line.strip():
                 continue
             rows.append((n, *_parse_line(line, f"{path}:{n}", prompt_key, answer_key)))
     if not rows:
-        raise ValueError(f"{path}: no examples")
+        raise InputError(f"{path}: no examples")
     return rows
 
 
@@ -86,19 +87,19 @@ def _parse_line(line: str, where: str, prompt_key: str, answer_key: str) -> tupl
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e})") from e
+        raise InputError(f"{where}: not valid JSON ({e})") from e
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise InputError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     for key in (prompt_key, answer_key):
         if key not in obj:
-            raise ValueError(f"{where}: missing field {key!r} (fields: {sorted(obj)})")
+            raise InputError(f"{where}: missing field {key!r} (fields: {sorted(obj)})")
     q, a = obj[prompt_key], obj[answer_key]
     if not isinstance(q, str):
-        raise ValueError(f"{where}: field {prompt_key!r} must be a string, got {type(q).__name__}")
+        raise InputError(f"{where}: field {prompt_key!r} must be a string, got {type(q).__name__}")
     if isinstance(a, bool) or not isinstance(a, (str, int, float)):
-        raise ValueError(f"{where}: field {answer_key!r} must be a string or number, got {type(a).__name__}")
+        raise InputError(f"{where}: field {answer_key!r} must be a string or number, got {type(a).__name__}")
     if isinstance(a, float) and not math.isfinite(a):
-        raise ValueError(f"{where}: field {answer_key!r} is {a}, not a reference answer")
+        raise InputError(f"{where}: field {answer_key!r} is {a}, not a reference answer")
     return q, str(a)
 
 
@@ -132,7 +133,7 @@ class JsonlTask:
         the rows of `split` (None: all rows, the earlier stream bit for bit)."""
         rows = self.split_rows(split) if split is not None else range(len(self.rows))
         if not rows:
-            raise ValueError(f"{self.path}: no {split!r} rows ({len(self.rows)} rows in all)")
+            raise InputError(f"{self.path}: no {split!r} rows ({len(self.rows)} rows in all)")
         return [self.example(rows[i]) for i in torch.randint(0, len(rows), (n,), generator=g).tolist()]
 
     def check_lengths(self, max_positions: int, max_new_tokens: int | None = None) -> int:
@@ -143,7 +144,7 @@ class JsonlTask:
         over = [i for i, p in enumerate(lengths) if p + N > max_positions]  # the engine's rule (Engine.generate)
         if over:
             i = over[0]
-            raise ValueError(f"{self.path}:{self.line_numbers[i]}: the prompt is {lengths[i]} tokens; with "
+            raise InputError(f"{self.path}:{self.line_numbers[i]}: the prompt is {lengths[i]} tokens; with "
                              f"{N} new tokens the model would need {lengths[i] + N} positions, it has "
                              f"{max_positions} ({len(over)} line(s) too long)")
         return max(lengths)
@@ -156,12 +157,12 @@ class JsonlTask:
 def make_jsonl_task(spec: str, tokenizer: Tokenizer, max_new_tokens: int = 1024) -> JsonlTask:
     """'jsonl:FILE' or 'jsonl:FILE:QUESTION_KEY:ANSWER_KEY'."""
     if not spec.startswith("jsonl:"):
-        raise ValueError(f"not a jsonl task spec: {spec!r} (want jsonl:FILE or jsonl:FILE:QUESTION_KEY:ANSWER_KEY)")
+        raise InputError(f"not a jsonl task spec: {spec!r} (want jsonl:FILE or jsonl:FILE:QUESTION_KEY:ANSWER_KEY)")
     rest = spec[len("jsonl:"):]
     path, keys = rest, ("prompt", "answer")
     parts = rest.rsplit(":", 2)
     if not os.path.exists(rest) and len(parts) == 3:
         path, keys = parts[0], (parts[1], parts[2])
     if not os.path.exists(path):
-        raise FileNotFoundError(f"task file {path!r} (from {spec!r}) does not exist")
+        raise MissingInputError(f"task file {path!r} (from {spec!r}) does not exist")
     return JsonlTask(path, tokenizer, prompt_key=keys[0], answer_key=keys[1], max_new_tokens=max_new_tokens)

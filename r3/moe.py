@@ -29,8 +29,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from r3.errors import InputError
 
-class RoutesError(ValueError):
+
+class RoutesError(InputError):
     """Replay routes that cannot be used as they are. The message names the problem."""
 
 

@@ -14,6 +14,7 @@ import json
 import math
 import os
 
+from r3.errors import MissingInputError, run_main
 from r3.guard import EMA_DECAY, ema_series
 from r3.io import read_jsonl
 
@@ -105,7 +106,7 @@ def compare_runs(run_dirs: list[str], out_png: str, *, title: str = "", labels: 
     for i, (d, label) in enumerate(zip(run_dirs, labels)):
         recs, c = read_jsonl(os.path.join(d, "metrics.jsonl")), colours[i % len(colours)]
         if not recs:
-            raise FileNotFoundError(f"{d}: no metrics.jsonl (or it is empty)")
+            raise MissingInputError(f"{d}: no metrics.jsonl (or it is empty)")
         for ax, (key, _, _) in zip(axes.flat, COMPARE):
             xs, ys = series(recs, key)
             if key == "reward" and xs:
@@ -248,4 +249,4 @@ def main(argv=None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -22,11 +22,13 @@ import time
 import urllib.error
 import urllib.request
 
+from r3.errors import InputError
+
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # localhost must not go through a proxy
 PROGRESS_EVERY = 30.0  # seconds between "still waiting" lines
 
 
-class RemoteEngineError(RuntimeError):
+class RemoteEngineError(InputError, RuntimeError):
     """A request to an inference server failed or got an unusable answer. `status`: the HTTP status, if any;
     `retryable`: the failure may pass (refused, 503, reset, time-out); `timed_out`: no answer in time."""
 

@@ -11,6 +11,7 @@ the check that a resumed run is the run that was saved.
   append_metrics(path, record)    # one fsynced line (`r3.io.append_jsonl`)
   check_resume(saved, new, keys, allow)   # refuse a resume whose run-defining fields differ, naming each one
   run.record_resume(step, changes)        # log an allowed change in OUT/resumes.jsonl
+  check_output_folder(path, flag)         # before any work: `path` can be a folder (not a file, nor below one)
 
 The lock is `fcntl.flock` on OUT/.lock: the OS drops it when the process dies (SIGKILL included), so a stale
 .lock file never blocks a new run. The file descriptor is close-on-exec, so programs the run execs do not inherit
@@ -24,13 +25,29 @@ import json
 import os
 import shutil
 
+from r3.errors import InputError
 from r3.io import append_jsonl, exchange, fsync_path, write_jsonl
 
 LOCK = ".lock"
 
 
-class RunFolderError(RuntimeError):
+class RunFolderError(InputError, RuntimeError):
     """A run folder that cannot be used as asked. The message names the folder and what to do."""
+
+
+def check_output_folder(path: str, flag: str) -> None:
+    """Raise RunFolderError unless `path` is a folder or can be made one: not a file, not below a file, and its
+    nearest existing parent writable. Called before any work, so a typo in --out costs nothing."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunFolderError(f"{flag} {path} is a file, not a folder")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise RunFolderError(f"{flag} {path}: {parent} is a file, so no folder can be made below it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RunFolderError(f"{flag} {path}: {parent} is not writable")
 
 
 def _take_lock(path: str) -> int:
@@ -186,7 +203,8 @@ def check_resume(saved: dict, new: dict, keys, allow: set = frozenset()) -> dict
     diff = {k: (saved.get(k, _MISSING), new.get(k, _MISSING)) for k in keys if norm(saved, k) != norm(new, k)}
     refused = {k: v for k, v in diff.items() if k not in allow}
     if refused:
-        lines = "\n".join(f"  {k}: saved {a!r}, now {b!r}" for k, (a, b) in refused.items())
+        what = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, (a, b) in refused.items())
         raise RunFolderError(f"the resumed run differs from the saved one in {len(refused)} field(s) that define "
-                             f"it:\n{lines}\npass the saved values, or allow the change explicitly")
+                             f"it: {what}; pass the saved values, or allow the change explicitly (--allow-change "
+                             f"{','.join(refused)})")
     return {k: v for k, v in diff.items() if k in allow}

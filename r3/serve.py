@@ -47,6 +47,7 @@ import torch
 
 from r3.config import SamplingConfig
 from r3.engine import ROLLOUT_DTYPES, Engine
+from r3.errors import run_main
 from r3.hf import CheckpointError, load_pretrained
 from r3.model import PRESETS
 from r3.tasks import make_task
@@ -361,4 +362,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from r3.errors import InputError
+
 BASE_VOCAB = [str(d) for d in range(10)] + ["+", "=", "SORT", "REV", "<eos>", "<pad>"]
 SYMBOLS = 64  # the cipher task's alphabet: ids 16..79, after the shared 16 (so EOS and PAD keep their ids)
 SYMBOL0 = len(BASE_VOCAB)  # id of s0
@@ -86,7 +88,7 @@ class Task:
         positions, as `Engine.generate` needs; else return the longest prompt's length."""
         N = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if self.max_prompt_len + N > max_positions:
-            raise ValueError(f"task {self.name}:{self.min_len}-{self.max_len}: prompts up to {self.max_prompt_len} "
+            raise InputError(f"task {self.name}:{self.min_len}-{self.max_len}: prompts up to {self.max_prompt_len} "
                              f"tokens plus {N} new tokens need {self.max_prompt_len + N} positions; the model has "
                              f"{max_positions}")
         return self.max_prompt_len
@@ -101,7 +103,7 @@ class Task:
             if split is None or self.split_of(ex) == split:
                 out.append(ex)
             elif draws > 100_000 + 1000 * n:
-                raise ValueError(f"task {self.name} ({self.min_len}-{self.max_len} digits) has too few {split!r} "
+                raise InputError(f"task {self.name} ({self.min_len}-{self.max_len} digits) has too few {split!r} "
                                  f"prompts: {len(out)} in {draws} draws; use longer inputs")
         return out
 
@@ -196,19 +198,19 @@ def make_task(spec: str) -> Task:
     'chain:T' (the answer length)."""
     name, _, rng = spec.partition(":")
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose from {sorted(TASKS)} (optionally NAME:MIN-MAX)")
+        raise InputError(f"unknown task {name!r}; choose from {sorted(TASKS)} (optionally NAME:MIN-MAX)")
     if name == "chain":
         if rng and not (rng.isdigit() and int(rng) >= 1):
-            raise ValueError(f"bad answer length in task {spec!r}; expected e.g. 'chain:256'")
+            raise InputError(f"bad answer length in task {spec!r}; expected e.g. 'chain:256'")
         return Chain(1, int(rng) if rng else 256)
     lo, hi = dict(add=(2, 4), cipher=(32, 32)).get(name, (6, 10))
     if rng:
         try:
             lo, hi = (int(x) for x in rng.split("-"))
         except ValueError:
-            raise ValueError(f"bad length range in task {spec!r}; expected e.g. '{name}:6-10'") from None
+            raise InputError(f"bad length range in task {spec!r}; expected e.g. '{name}:6-10'") from None
         if not 1 <= lo <= hi:
-            raise ValueError(f"bad length range in task {spec!r}: need 1 <= MIN <= MAX")
+            raise InputError(f"bad length range in task {spec!r}: need 1 <= MIN <= MAX")
     return TASKS[name](lo, hi)
 
 

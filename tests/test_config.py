@@ -1,7 +1,7 @@
-"""What this proves: every train.py flag that could invert or void training, or crash after work was done, is refused
-before any work with a message that states its domain (issue 10, class 7); --r3 is --replay r3; args.json round-trips
-the config; the derived defaults (clip range by loss, chunk by vocabulary, shards by world size) are computed, never
-written back."""
+"""What this proves: every train.py flag that could invert or void training, crash after work was done, or hang on
+an unbounded size is refused before any work with a message that states its domain (issue 10, class 7); --r3 is
+--replay r3; args.json round-trips the config; the derived defaults (clip range by loss, chunk by vocabulary, shards by
+world size) are computed, never written back."""
 import re
 from dataclasses import asdict
 
@@ -15,15 +15,26 @@ from r3.config import RUN_DEFINING, RolloutConfig, TrainConfig, parse
     ("--temperature", "-1", "> 0 and finite"), ("--temperature", "0", "> 0 and finite"),
     ("--temperature", "nan", "> 0 and finite"), ("--top-p", "0", r"in \(0, 1\]"), ("--top-p", "1.1", r"in \(0, 1\]"),
     ("--lr", "inf", "> 0 and finite"), ("--lr", "-3e-4", "> 0 and finite"), ("--save-every", "0", ">= 1"),
-    ("--val-prompts", "0", ">= 1"), ("--val-every", "-1", ">= 0"), ("--eval-every", "-5", ">= 0"),
+    ("--val-prompts", "0", r"in \[1, 65536\]"), ("--val-every", "-1", ">= 0"), ("--eval-every", "-5", ">= 0"),
     ("--steps", "0", ">= 1"), ("--mini-steps", "0", ">= 1"), ("--max-new-tokens", "0", ">= 1"),
     ("--group-size", "1", ">= 2"), ("--clip-low", "-0.1", ">= 0"), ("--guard-kl-max", "nan", "> 0"),
+    ("--prompts-per-step", "1000000000", r"in \[1, 65536\]"), ("--group-size", "5000", r"in \[1, 1024\]"),
+    ("--eval-prompts", "99999999", r"in \[1, 65536\]"), ("--threads", "1000000000", r"in \[1, 1024\]"),
 ])
 def test_train_flags_outside_their_domain_are_refused(flag, value, domain, capsys):
     with pytest.raises(SystemExit):
         parse(TrainConfig, [f"{flag}={value}"])
     err = capsys.readouterr().err
     assert flag in err and re.search(domain, err), err
+
+
+def test_rows_per_step_are_bounded(capsys):
+    with pytest.raises(SystemExit):
+        parse(TrainConfig, ["--prompts-per-step", "65536", "--group-size", "1024"])
+    assert "at most 1048576" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(RolloutConfig, ["--out", "x", "--num-prompts", "1000000000"])
+    assert "in [1, 65536]" in capsys.readouterr().err
 
 
 def test_r3_is_replay_r3_and_the_config_round_trips():

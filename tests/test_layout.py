@@ -1,6 +1,6 @@
 """What this proves: the code keeps the shape a newcomer can walk: the r3 import graph has no cycles, the toy tasks
-import nothing from r3 (no engine in the task file), library files stay under 400 lines and no function in r3/ or
-the two scripts is over 60 lines."""
+import nothing from r3 but its error types (no engine in the task file), library files stay under 400 lines and no
+function in r3/ or the two scripts is over 60 lines."""
 import ast
 import glob
 import os
@@ -20,7 +20,8 @@ def r3_imports(path: str) -> set[str]:
 
 def test_import_graph_has_no_cycles_and_tasks_sit_at_the_bottom():
     graph = {os.path.basename(f)[:-3]: r3_imports(f) for f in glob.glob(os.path.join(ROOT, "r3", "*.py"))}
-    assert graph["tasks"] == set() and graph["moe"] == set()
+    assert graph["errors"] == set()  # the error types sit below everything
+    assert graph["tasks"] <= {"errors"} and graph["moe"] <= {"errors"}
     done, active = set(), []
 
     def visit(m):

@@ -4,6 +4,7 @@ pad ids, NaN rewards, NaN or positive log-probs, a response mask on padding, too
 a missing manifest field) is refused naming the folder and field; folders load in natural order."""
 import json
 import os
+import shutil
 import struct
 
 import pytest
@@ -187,16 +188,19 @@ def test_rollouts_from_another_model_are_refused(tmp_path):
         load_rollouts(str(tmp_path / "b"), short, require_routes=False)
 
 
-def test_folders_load_in_natural_order_and_temp_copies_are_skipped(tmp_path):
-    for i in (10, 2, 1):
+def test_folders_load_in_natural_order_and_temp_copies_are_noted_or_refused(tmp_path, capsys):
+    for i in (10, 2, 1, 3):
         b = rollout(i)
         b.meta["i"] = i
         save_batch(b, str(tmp_path / f"step{i}"))
-    os.rename(tmp_path / "step1", tmp_path / "step3.tmp")  # what a killed writer leaves
-    save_batch(rollout(0), str(tmp_path / "step1"))
-    os.makedirs(tmp_path / "step4.old")
+    shutil.copytree(tmp_path / "step1", tmp_path / "step3.tmp")  # a killed rewrite of step3: step3 is whole
+    os.makedirs(tmp_path / "step2.old")
     got = [os.path.basename(b.meta["source"]) for b in load_rollouts(str(tmp_path), CFG)]
-    assert got == ["step1", "step2", "step10"]
+    assert got == ["step1", "step2", "step3", "step10"]
+    assert capsys.readouterr().err.count("note: skipping") == 2
+    shutil.rmtree(tmp_path / "step3")  # a killed first write of step3: only step3.tmp is there, a step is missing
+    with pytest.raises(ValueError, match=r"step3.tmp is a copy left by a killed write .*step3 does not exist"):
+        load_rollouts(str(tmp_path), CFG)
 
 
 def test_save_replaces_a_batch_folder_whole_and_refuses_other_folders(tmp_path):

@@ -120,8 +120,8 @@ def test_rollout_process_killed_at_random_times_leaves_old_or_new(tmp_path):
 @pytest.mark.parametrize("flag, value, domain", [
     ("--temperature", "nan", "> 0 and finite"), ("--temperature", "-1", "> 0 and finite"),
     ("--temperature", "0", "> 0 and finite"), ("--top-p", "0", r"\(0, 1\]"), ("--top-p", "1.5", r"\(0, 1\]"),
-    ("--max-new-tokens", "0", ">= 1"), ("--prompts-per-step", "0", ">= 1"),
-    ("--group-size", "-2", ">= 1"), ("--warmup-steps", "-1", ">= 0"),
+    ("--max-new-tokens", "0", ">= 1"), ("--prompts-per-step", "0", r"in \[1, 65536\]"),
+    ("--group-size", "-2", r"in \[1, 1024\]"), ("--warmup-steps", "-1", ">= 0"),
     ("--threads", "x", "invalid int value"),
 ])
 def test_rollout_refuses_flags_outside_their_domain(capsys, flag, value, domain):
