@@ -142,9 +142,9 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def sustained_collapse(rows: list[dict]) -> tuple[int | None, str | None]:
+def sustained_collapse(rows: list[dict], acc: str = "eval/accuracy") -> tuple[int | None, str | None]:
     """RULE (primary) on one run's metrics rows: (first collapsed step, why) or (None, None). Each criterion gives
-    its first step; the earliest wins."""
+    its first step; the earliest wins. `acc`: the held-out metric (experiments/length.py: eval/reward)."""
     found = []
     bad = [r["step"] for r in rows if not all(math.isfinite(r[k]) for k in ("loss", "grad_norm"))]
     if RULE["nonfinite"] and bad:
@@ -160,7 +160,7 @@ def sustained_collapse(rows: list[dict]) -> tuple[int | None, str | None]:
         if low_since is not None and r["step"] - low_since + 1 >= RULE["reward_steps"]:
             found.append((low_since, "reward_drop"))
             break
-    evals = [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]
+    evals = [(r["step"], r[acc]) for r in rows if r.get(acc) is not None]
     best, streak = -math.inf, []
     for j, (step, acc) in enumerate(evals):
         best = max(best, acc)
@@ -171,8 +171,8 @@ def sustained_collapse(rows: list[dict]) -> tuple[int | None, str | None]:
     return min(found) if found else (None, None)
 
 
-def max_drawdown(rows: list[dict]) -> float | None:
-    accs = [r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None]
+def max_drawdown(rows: list[dict], acc: str = "eval/accuracy") -> float | None:
+    accs = [r[acc] for r in rows if r.get(acc) is not None]
     best, dd = -math.inf, 0.0
     for a in accs:
         best = max(best, a)
@@ -180,15 +180,16 @@ def max_drawdown(rows: list[dict]) -> float | None:
     return dd if accs else None
 
 
-def run_summary(out: str, rows: list[dict], k: int) -> dict:
+def run_summary(out: str, rows: list[dict], k: int = 1, acc: str = "eval/accuracy") -> dict:
     b = blocks(rows, k)
-    step, why = sustained_collapse(b)
-    step2, why2 = collapse_step(b)
-    accs = [r["eval/accuracy"] for r in b if r.get("eval/accuracy") is not None]
+    step, why = sustained_collapse(b, acc)
+    step2, why2 = collapse_step(b) if acc == "eval/accuracy" else (None, None)
+    accs = [r[acc] for r in b if r.get(acc) is not None]
     finite = [r["grad_norm"] for r in rows if math.isfinite(r["grad_norm"])]
     prov = os.path.join(out, "provenance.json")
     commit = json.load(open(prov)).get("commit") if os.path.exists(prov) else None
-    return dict(collapse_step=step, why=why, secondary_step=step2, secondary_why=why2, max_drawdown=max_drawdown(b),
+    return dict(collapse_step=step, why=why, secondary_step=step2, secondary_why=why2,
+                max_drawdown=max_drawdown(b, acc),
                 best_heldout=max(accs, default=None), final_heldout=accs[-1] if accs else None,
                 max_grad_norm=max(finite, default=None), mean_kl=_mean([r.get("kl") for r in rows]),
                 mean_staleness_flips=_mean([r.get("staleness/router_flip_rate") for r in rows]),

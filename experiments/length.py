@@ -1,0 +1,247 @@
+"""The precision lever: the sequence-level importance-weighted policy gradient on long responses, one mini-step.
+
+  python -m experiments.length --sizing        # first: one step of each cell's setting at each length, timed
+  python -m experiments.length --learnability  # then: the oracle (fp32, no replay) 300 steps at each length, 1 seed
+  python -m experiments.length                 # the grid (resumable, --jobs 2); --report: tables from finished runs
+
+With one mini-step there is no staleness: π_old is the policy that sampled, so the only thing between the loss and
+the on-policy gradient is the precision mismatch. --loss seq_is weighs each response by w(y) = π_θ(y) / μ(y), the
+product of its T token ratios, so Var[log w] ≈ 2·KL·T and the batch's effective sample size ≈ exp(-Var[log w])
+falls with the response length T (r3/grpo.py). The task is chain:T (r3/tasks.py): a two-token prompt, a T-token
+answer, each token a function of the one before it.
+Cells ENGINE/ARM/TL (every other flag COMMON, each arm one flag from its neighbour):
+  fp8-router/none/T   the mismatched engine, no replay       fp8-router/r3/T   the same engine, R3
+  fp32/none/T         the oracle (no precision mismatch)
+  at the longest length also the positive controls fp8-router/none+mis/T and fp8-router/none+tis/T
+  (--is-correction on w(y): drop the rows outside [1/C, C], or truncate w at C; C = 2).
+The rule is experiments.staleness's sustained-collapse rule with the held-out metric eval/reward (the fraction of
+answer positions right on held-out prompts: exact match of 64+ tokens is ~0 for every arm), fixed before any run.
+T* of an arm: the shortest length at which at least half its seeds collapse (None if none).
+Pre-registered prediction: T* for no replay < T* for R3 < T* for the oracle (no collapse); MIS and TIS stabilise
+no replay; the measured Var[log w] follows 2·kl·T. If nothing collapses at the longest length, the page says so,
+gives the measured ESS, and extrapolates from the measured Var[log w] the length where no replay's ESS < 5 %.
+Writes OUT/grid.{json,md,png} in experiments.staleness's layout (cells with `collapsed` and per-seed runs; tests).
+"""
+import argparse
+import math
+import os
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from experiments.common import fmt, write_results
+from experiments.staleness import RULE_TEXT, _mean, cell_table, run_summary, tests_table
+from experiments.stats import fisher_exact, permutation_test
+from experiments.sweep import is_done, run_all
+from r3.io import read_jsonl
+
+ACC = "eval/reward"
+# The shared setting, fixed from the sizing and learnability measurements before the grid (docs/length.md):
+COMMON = ("--preset toy --warmup-steps 40 --prompts-per-step 2 --group-size 8 --mini-steps 1 --loss seq_is "
+          "--old-logp engine --grad-clip inf --lr 3e-4 --eval-every 25 --eval-prompts 8 --eval-samples 2 "
+          "--val-every 0 --dump-every 0 --mismatch-every 5 --save-every 25 --is-cap 2")
+LENGTHS = (64, 256, 1024)
+STEPS = 200
+SEEDS = tuple(range(6))
+ARMS = {"fp8-router/none": ("fp8-router", "none", "none"), "fp8-router/r3": ("fp8-router", "r3", "none"),
+        "fp32/none": ("fp32", "none", "none")}
+CONTROLS = {"fp8-router/none+mis": ("fp8-router", "none", "mis"), "fp8-router/none+tis": ("fp8-router", "none", "tis")}
+PAIRS = [("fp8-router/none/T{T}", "fp8-router/r3/T{T}"), ("fp8-router/none/T{T}", "fp32/none/T{T}"),
+         ("fp8-router/r3/T{T}", "fp32/none/T{T}")]
+
+
+def cells(lengths) -> list[str]:
+    return [f"{a}/T{t}" for t in lengths for a in ARMS] + [f"{c}/T{max(lengths)}" for c in CONTROLS]
+
+
+def cell_run(cell: str, seed: int, runs_dir: str, common: str) -> tuple[str, list[str]]:
+    *arm, tl = cell.split("/")
+    engine, replay, corr = {**ARMS, **CONTROLS}["/".join(arm)]
+    flags = [*common.split(), "--task", f"chain:{tl[1:]}", "--replay", replay, "--rollout-dtype", engine,
+             "--is-correction", corr, "--seed", str(seed)]
+    return os.path.join(runs_dir, cell.replace("/", "-").replace("+", "-") + f"-s{seed}"), flags
+
+
+def summary(out: str, rows: list[dict], T: int) -> dict:
+    m = run_summary(out, rows, acc=ACC)
+    pairs = [(r["seq_is/var_log_w"], 2 * r["kl"] * r["response_length"]) for r in rows
+             if r.get("kl") is not None and r.get("seq_is/var_log_w") is not None]
+    m.update(length=T, mean_ess=_mean([r.get("seq_is/ess_frac") for r in rows]),
+             min_ess=min((r["seq_is/ess_frac"] for r in rows if r.get("seq_is/ess_frac") is not None), default=None),
+             mean_var_log_w=_mean([v for v, _ in pairs]), predicted_var_log_w=_mean([p for _, p in pairs]),
+             max_log_w=max((r["seq_is/max_log_w"] for r in rows if r.get("seq_is/max_log_w") is not None),
+                           default=None))
+    return m
+
+
+def t_star(cells_summ: dict, arm: str, lengths) -> int | None:
+    for t in sorted(lengths):
+        c = cells_summ.get(f"{arm}/T{t}")
+        if c and c["n"] and c["collapsed"] * 2 >= c["n"]:
+            return t
+    return None
+
+
+def tests(summ: dict, lengths) -> list[dict]:
+    res = []
+    pairs = [(a.format(T=t), b.format(T=t)) for t in lengths for a, b in PAIRS]
+    pairs += [(f"fp8-router/none/T{max(lengths)}", f"{c}/T{max(lengths)}") for c in CONTROLS]
+    for a, b in pairs:
+        if a in summ and b in summ:
+            ca, cb = summ[a], summ[b]
+            da, db = ([r["max_drawdown"] for r in c["runs"].values() if r["max_drawdown"] is not None]
+                      for c in (ca, cb))
+            res.append(dict(a=a, b=b, metric="collapsed", p=fisher_exact(ca["collapsed"], ca["n"], cb["collapsed"],
+                                                                           cb["n"]),
+                            effect=ca["collapsed"] / ca["n"] - cb["collapsed"] / cb["n"] if ca["n"] and cb["n"]
+                            else None, counts=f"{ca['collapsed']}/{ca['n']} vs {cb['collapsed']}/{cb['n']}"))
+            res.append(dict(a=a, b=b, metric="max_drawdown", p=permutation_test(da, db),
+                            effect=_mean(da) - _mean(db) if da and db else None,
+                            counts=f"mean {fmt(_mean(da))} vs {fmt(_mean(db))}"))
+    return res
+
+
+def plot(done: dict, summ: dict, lengths, title: str, path: str) -> None:
+    """Per length: held-out reward and the ESS of the sequence weights over steps (median over seeds), each arm;
+    last panel: measured Var[log w] against its prediction 2·kl·T."""
+    fig, axes = plt.subplots(2, len(lengths) + 1, figsize=(4.5 * (len(lengths) + 1), 7), squeeze=False)
+    colors = {"fp8-router/none": "tab:red", "fp8-router/r3": "tab:blue", "fp32/none": "tab:gray",
+              "fp8-router/none+mis": "tab:orange", "fp8-router/none+tis": "tab:green"}
+    for j, t in enumerate(lengths):
+        for arm, color in colors.items():
+            runs = done.get(f"{arm}/T{t}", {})
+            for i, key in enumerate((ACC, "seq_is/ess_frac")):
+                series = [{r["step"]: r[key] for r in rows if r.get(key) is not None} for _, rows in runs.values()]
+                steps = sorted({s for d in series for s in d})
+                med = [sorted(d[s] for d in series if s in d)[len([d for d in series if s in d]) // 2] for s in steps]
+                if steps:
+                    axes[i][j].plot(steps, med, color=color, lw=1.2, label=f"{arm} ({len(series)})")
+        axes[0][j].set_title(f"T = {t}: held-out reward (median)", fontsize=9)
+        axes[1][j].set_title(f"T = {t}: ESS of w(y) / rows (median)", fontsize=9)
+        axes[0][j].legend(fontsize=7)
+    ax = axes[0][-1]
+    for c, d in summ.items():
+        for r in d["runs"].values():
+            if r["mean_var_log_w"] is not None:
+                ax.scatter(r["predicted_var_log_w"], r["mean_var_log_w"], s=12,
+                           color=colors["/".join(c.split("/")[:-1])])
+    lim = max([1e-3] + [max(r["predicted_var_log_w"] or 0, r["mean_var_log_w"] or 0) for d in summ.values()
+                        for r in d["runs"].values()])
+    ax.plot([0, lim], [0, lim], "k:", lw=1)
+    ax.set_xlabel("predicted 2·kl·T")
+    ax.set_ylabel("measured Var[log w]")
+    ax.set_title("Var[log w]: measured vs predicted", fontsize=9)
+    axes[1][-1].axis("off")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def sizing(args) -> None:
+    """One fp8-router/none run of 3 steps per length: step 0 measures the mismatch, step 1 is a plain step, step 2
+    also evaluates (the last step); the cost of a grid run follows from the cadences in COMMON."""
+    lines = ["| T | plain step s | + mismatch s | + evaluation s | est. s per run of --steps | est. grid core-hours |",
+             "|---|---|---|---|---|---|"]
+    flag = lambda name: int(args.common.split()[args.common.split().index(name) + 1])  # noqa: E731
+    total = 0.0
+    for t in args.lengths:
+        out, flags = cell_run(f"fp8-router/none/T{t}", 0, os.path.join(args.out, "sizing"), args.common)
+        run_all([(out, [*flags, "--overwrite"], 3)], jobs=1, log_dir=os.path.join(args.out, "sizing", "logs"))
+        st = [r["step_time"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
+        per_run = args.steps * st[1] + args.steps / flag("--mismatch-every") * (st[0] - st[1]) \
+            + args.steps / flag("--eval-every") * (st[2] - st[1])
+        runs = len(args.seeds) * (len(ARMS) + (len(CONTROLS) if t == max(args.lengths) else 0))
+        total += per_run * runs
+        lines.append(f"| {t} | {st[1]:.2f} | {st[0] - st[1]:.2f} | {st[2] - st[1]:.2f} | {per_run:.0f} | "
+                     f"{per_run * runs / 3600:.1f} ({runs} runs) |")
+    print("\n".join(lines) + f"\n\ntotal: {total / 3600:.1f} core-hours, {total / 3600 / args.jobs:.1f} h wall "
+          f"at --jobs {args.jobs}")
+
+
+def learnability(args) -> None:
+    """The oracle (fp32 engine, no replay), seed 0, 300 steps at each length: does the toy learn chain:T?"""
+    runs = [cell_run(f"fp32/none/T{t}", 0, os.path.join(args.out, "learn_runs"), args.common) for t in args.lengths]
+    run_all([(out, flags, 300) for out, flags in runs], jobs=args.jobs,
+            log_dir=os.path.join(args.out, "learn_runs", "logs"))
+    lines = ["| T | reward, first 10 steps | reward, last 10 steps | held-out reward first / best / last |",
+             "|---|---|---|---|"]
+    for t, (out, _) in zip(args.lengths, runs):
+        rows = read_jsonl(os.path.join(out, "metrics.jsonl"))
+        ev = [r[ACC] for r in rows if r.get(ACC) is not None]
+        lines.append(f"| {t} | {_mean([r['reward'] for r in rows[:10]]):.3f} | "
+                     f"{_mean([r['reward'] for r in rows[-10:]]):.3f} | {ev[0]:.3f} / {max(ev):.3f} / {ev[-1]:.3f} |")
+    print("\n".join(lines))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizing", action="store_true", help="time one step at each length and estimate the grid")
+    p.add_argument("--learnability", action="store_true", help="the oracle, 300 steps at each length")
+    p.add_argument("--report", action="store_true", help="launch nothing: tables from the finished runs")
+    p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="answer lengths T")
+    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per cell")
+    p.add_argument("--steps", type=int, default=STEPS, help="RL steps per run")
+    p.add_argument("--common", default=COMMON, help="train.py flags every cell shares (tests and probes only)")
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
+    p.add_argument("--out", default="results/length", help="output folder (runs in OUT/runs)")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.sizing or args.learnability:
+        return sizing(args) if args.sizing else learnability(args)
+    t0 = time.time()
+    print(f"rule (pre-registered): {RULE_TEXT}; held-out metric {ACC}; T* = shortest length where >= half the "
+          f"seeds collapse")
+    names, runs_dir = cells(args.lengths), os.path.join(args.out, "runs")
+    plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for s in args.seeds for c in names]
+    if not args.report:
+        run_all([(out, flags, args.steps) for _, _, out, flags in plan], jobs=args.jobs,
+                log_dir=os.path.join(runs_dir, "logs"))
+    done = {}
+    for c, s, out, _ in plan:
+        if is_done(out, args.steps):
+            done.setdefault(c, {})[s] = (out, read_jsonl(os.path.join(out, "metrics.jsonl")))
+    summ = {}
+    for c in names:
+        runs = {s: summary(o, rows, int(c.split("/T")[-1])) for s, (o, rows) in sorted(done.get(c, {}).items())}
+        summ[c] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
+                       secondary_collapsed=0, alias_of=None, runs=runs)
+    ts = tests(summ, args.lengths)
+    complete = all(d["n"] == len(args.seeds) for d in summ.values())
+    stars = {a: t_star(summ, a, args.lengths) for a in {**ARMS, **CONTROLS}}
+    ess = ["| cell | mean ESS / rows | min ESS | measured Var[log w] | predicted 2·kl·T | largest log w |",
+           "|---|---|---|---|---|---|"]
+    for c, d in summ.items():
+        rs = list(d["runs"].values())
+        ess.append(f"| {c} | {fmt(_mean([r['mean_ess'] for r in rs]))} | {fmt(_mean([r['min_ess'] for r in rs]))} |"
+                   f" {fmt(_mean([r['mean_var_log_w'] for r in rs]))} | "
+                   f"{fmt(_mean([r['predicted_var_log_w'] for r in rs]))} | "
+                   f"{fmt(max((r['max_log_w'] for r in rs if r['max_log_w'] is not None), default=None))} |")
+    none_var = [(d["runs"][s]["length"], d["runs"][s]["mean_var_log_w"]) for c, d in summ.items()
+                if c.startswith("fp8-router/none/") for s in d["runs"] if d["runs"][s]["mean_var_log_w"]]
+    slope = sum(v for _, v in none_var) / sum(t for t, _ in none_var) if none_var else None
+    extrapolation = (f"No replay's measured Var[log w] grows {fmt(slope)} per token (a line through 0 over its "
+                     f"runs): its ESS would fall below 5 % at T ≈ {fmt(math.log(20) / slope, spec='.0f')}"
+                     if slope else "")
+    status = "" if complete else f"**partial**: {sum(d['n'] for d in summ.values())} of {len(plan)} runs finished"
+    md = "\n\n".join(x for x in [
+        f"Rule (fixed before any run): {RULE_TEXT}; held-out metric `{ACC}`.",
+        f"Every run: `{args.common} --steps {args.steps}` with `--task chain:T` and its cell's --replay, "
+        f"--rollout-dtype, --is-correction; seeds {list(args.seeds)}.", status,
+        cell_table(summ, names), "\n".join(ess),
+        "T* (shortest length where >= half the seeds collapse): " + ", ".join(f"{a} {t}" for a, t in stars.items()),
+        extrapolation, "### Tests\n\n" + tests_table(ts)] if x)
+    print(md)
+    plot(done, summ, args.lengths, f"{args.common} --steps {args.steps}; {status or 'complete'}",
+         os.path.join(args.out, "grid.png"))
+    write_results(os.path.join(args.out, "grid.json"),
+                  dict(steps=args.steps, lengths=list(args.lengths), seeds=list(args.seeds), rule=RULE_TEXT,
+                       heldout_metric=ACC, complete=complete, common=args.common, cells=summ, tests=ts,
+                       t_star=stars, var_log_w_per_token=slope), t0=t0, md=md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""What this proves: chain:T is a long-answer task with a two-token prompt whose reward scores each position against
+the permutation of the response's own previous token (one slip costs one position, not the rest); presets widen
+their positions to fit it; and experiments.length runs its grid end to end at a tiny size (every cell and control,
+ESS and Var[log w] telemetry, T*, tests, figure) and reports a partial grid as partial."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from r3.tasks import EOS, SYMBOL0, Cipher, make_task
+from r3.warmup import preset_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT)
+
+
+def test_chain_task():
+    task = make_task("chain:12")
+    ex = task.sample(1, torch.Generator().manual_seed(0))[0]
+    assert len(ex.prompt) == 2 and len(ex.answer) == 12 and task.max_new_tokens == 13
+    prev = ex.prompt[0]
+    for tok in ex.answer:  # each answer token is PI of the one before it
+        assert tok == SYMBOL0 + Cipher.PI[prev - SYMBOL0]
+        prev = tok
+    assert task.reward(ex.answer + [EOS], ex) == (1.0, {"exact": True})
+    slip = list(ex.answer)
+    slip[4] = SYMBOL0 + (slip[4] - SYMBOL0 + 1) % 64  # one wrong token, then the chain continued from it
+    for i in range(5, 12):
+        slip[i] = SYMBOL0 + Cipher.PI[slip[i - 1] - SYMBOL0]
+    assert task.reward(slip + [EOS], ex)[0] == 12 / 13
+    assert task.reward(ex.answer[:6], ex)[0] == 6 / 13  # stopped early: the missing positions score nothing
+    assert preset_config("toy", make_task("chain:1000")).max_position_embeddings == 1002 + 1
+    assert preset_config("toy", make_task("cipher")).max_position_embeddings == 256  # the others keep the preset
+
+
+def test_length_grid_end_to_end(tmp_path):
+    common = ("--preset toy --warmup-steps 3 --prompts-per-step 2 --group-size 2 --mini-steps 1 --loss seq_is "
+              "--old-logp engine --grad-clip inf --eval-every 1 --eval-prompts 2 --eval-samples 1 --val-every 0 "
+              "--dump-every 0 --mismatch-every 1")
+    cmd = [sys.executable, "-m", "experiments.length", "--lengths", "4", "8", "--seeds", "0", "--steps", "2",
+           "--common", common, "--out", "out"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((tmp_path / "out" / "grid.json").read_text())
+    assert data["complete"] and len(data["cells"]) == 3 * 2 + 2
+    assert {"fp8-router/none+mis/T8", "fp8-router/none+tis/T8"} <= set(data["cells"])
+    run = data["cells"]["fp8-router/none/T8"]["runs"]["0"]
+    assert 0 < run["mean_ess"] <= 1 and run["mean_var_log_w"] >= 0 and run["predicted_var_log_w"] >= 0
+    assert set(data["t_star"]) == {"fp8-router/none", "fp8-router/r3", "fp32/none", "fp8-router/none+mis",
+                                   "fp8-router/none+tis"}
+    assert {t["metric"] for t in data["tests"]} == {"collapsed", "max_drawdown"}
+    assert (tmp_path / "out" / "grid.png").stat().st_size > 10_000
+    r = subprocess.run([*cmd, "--seeds", "0", "1", "--report"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=ENV)
+    assert r.returncode == 0 and "**partial**" in r.stdout
