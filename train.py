@@ -145,7 +145,13 @@ def old_policy(run: Run, batch, measure: bool) -> OldPolicy:
     if not (measure or update_reads_pass(cfg.replay, cfg.old_logp)):
         return without_pass(batch, cfg.replay)
     return old_policy_pass(run.model, batch, replay=cfg.replay, temperature=cfg.temperature, chunk=run.chunk,
-                           measure=measure)
+                           measure=measure, share_prompts=not cfg.model)
+
+
+def groups(run: Run, batch, rows=None):
+    """What the trainer's forward shares prompts by (r3/score.py `forward`), or None for a real model: FSDP2 blocks
+    take only the plain forward, and a one-process run of the same model takes it too, so the two match."""
+    return None if run.cfg.model else batch_groups(batch, rows)
 
 
 def update(run: Run, rollouts: list[Rollout], olds: list[OldPolicy], step: int,
@@ -177,13 +183,13 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]],
         b = r.batch
         replay = None if o.routes is None else o.routes[rows]  # R3: the engine's routes; R2: π_old's; none
         out = token_logp(model, b.tokens[rows], b.attn_mask[rows], replay, temperature=cfg.temperature,
-                         chunk=run.chunk, groups=batch_groups(b, rows))
+                         chunk=run.chunk, groups=groups(run, b, rows))
         loss, lm = policy_loss(out.logp, o.pi_old(b, cfg.old_logp)[rows], r.adv[rows], b.loss_mask[rows],
                                clip_low=cfg.clip_range[0], clip_high=cfg.clip_range[1],
                                rollout_logp_BT=b.rollout_logp[rows], denominator=denominator, **kw)
         if staleness and o.own_routes is not None:
             lm["staleness/router_flip_rate"] = drift(model, b, rows, out.routes if replay is None else None,
-                                                     o.own_routes[rows])
+                                                     o.own_routes[rows], groups(run, b, rows))
         (loss * run.world if run.world > 1 else loss).backward()  # FSDP averages grads over ranks: ×world = sum
         loss_sum += float(loss.detach())
         parts.append((lm, d))
@@ -195,12 +201,12 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]],
 
 
 @torch.no_grad()
-def drift(model, batch, rows, own_now, own_old) -> float:
+def drift(model, batch, rows, own_now, own_old, shared) -> float:
     """Router flip rate between the trainer's own routes now (`own_now`, or a normal forward when the update
     replayed routes) and at the old-policy pass, over the response tokens of `rows`."""
     if own_now is None:
-        own_now = forward(model, batch.tokens[rows][:, :-1], batch.attn_mask[rows][:, :-1], None,
-                          batch_groups(batch, rows), return_hidden=True)[1]
+        own_now = forward(model, batch.tokens[rows][:, :-1], batch.attn_mask[rows][:, :-1], None, shared,
+                          return_hidden=True)[1]
     return flip_stats(own_now, own_old, batch.loss_mask[rows])["router_flip_rate"]
 
 
@@ -354,7 +360,7 @@ def validate(run: Run, step: int) -> float | None:
     b = run.engine.generate([e.prompt for e in run.val_examples], max_new_tokens=run.max_new, eos_ids=run.eos_ids,
                             pad_id=run.pad_id, group_size=2, temperature=cfg.temperature, top_p=cfg.top_p,
                             generator=g)
-    kw = dict(temperature=cfg.temperature, chunk=run.chunk, groups=batch_groups(b))
+    kw = dict(temperature=cfg.temperature, chunk=run.chunk, groups=groups(run, b))
     normal = token_logp(model, b.tokens, b.attn_mask, None, **kw).logp
     replay = token_logp(model, b.tokens, b.attn_mask, b.routes, **kw).logp
     return kl_k3(normal, replay, b.loss_mask)

@@ -126,28 +126,28 @@ def without_pass(batch: Batch, replay: str) -> OldPolicy:
 @torch.no_grad()
 def old_policy_pass(model: Transformer, batch: Batch, *, replay: str = "none", temperature: float = 1.0,
                     chunk: int | None = None, own_routes: torch.Tensor | None = None,
-                    measure: bool = True) -> OldPolicy:
+                    measure: bool = True, share_prompts: bool = True) -> OldPolicy:
     """The trainer's no-grad pass over a rollout: π_old, the routes to replay, and the mismatch vs the engine.
 
     The forward replays the engine's routes under "r3" (π_old is then the policy the update starts from), and
     routes normally otherwise. `own_routes`: the trainer's own routes on this batch if already known (skips the
     extra forward that flip statistics need under "r3"). measure=False: π_old and the routes only (no entropy,
-    no metrics, no extra forward); `metrics` is then {}.
+    no metrics, no extra forward); `metrics` is then {}. share_prompts=False: the plain forward (`forward`).
     """
     if replay not in REPLAY_MODES:
         raise ValueError(f"replay must be one of {REPLAY_MODES}, got {replay!r}")
     if replay == "r3" and batch.routes is None:
         raise ValueError("replay 'r3' but the batch has no recorded routes (dense model, or routes dropped)")
     chunk = default_chunk(model.cfg.vocab_size) if chunk is None else chunk
+    groups = batch_groups(batch) if share_prompts else None
     out = token_logp(model, batch.tokens, batch.attn_mask, batch.routes if replay == "r3" else None,
-                     temperature=temperature, chunk=chunk, with_entropy=measure, groups=batch_groups(batch))
+                     temperature=temperature, chunk=chunk, with_entropy=measure, groups=groups)
     update_routes = {"none": None, "r3": batch.routes, "r2": out.routes}[replay]
     own = out.routes if replay != "r3" else own_routes
     if not measure:
         return OldPolicy(out.logp, update_routes, own, {})
     if own is None and replay == "r3":  # flips compare the trainer's *own* routing with the engine's
-        own = forward(model, batch.tokens[:, :-1], batch.attn_mask[:, :-1], None, batch_groups(batch),
-                      return_hidden=True)[1]
+        own = forward(model, batch.tokens[:, :-1], batch.attn_mask[:, :-1], None, groups, return_hidden=True)[1]
     mask = batch.loss_mask
     metrics = mismatch(out.logp, batch.rollout_logp, mask, own, batch.routes, out.logp_V, batch.rollout_logp_V)
     metrics["entropy"] = masked_mean(out.entropy, mask)

@@ -68,6 +68,7 @@ class Example:
 class Task:
     name = "task"
     vocab_size = len(BASE_VOCAB)  # the model's vocabulary must cover ids [0, vocab_size)
+    widens_positions = False  # True: a preset is built with room for the longest prompt + answer (chain:T)
 
     def __init__(self, min_len: int, max_len: int):
         self.min_len, self.max_len = min_len, max_len
@@ -167,6 +168,7 @@ class Chain(Task):
     """Follow PI (the cipher's permutation) for T steps from a start symbol; see the module docstring."""
     name = "chain"
     vocab_size = len(VOCAB)
+    widens_positions = True  # a preset grows its position limit to the answer (r3.warmup.preset_config)
     max_prompt_len = 2
     max_answer_len = property(lambda self: self.max_len)
 

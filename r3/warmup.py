@@ -25,13 +25,15 @@ from r3.tasks import EOS, PAD, Task
 
 def preset_config(name: str, task: Task | None = None, *, dense: bool = False) -> ModelConfig:
     """Preset `name` (its dense twin with `dense`), its vocabulary widened to cover `task`'s (cipher: 80 ids) and
-    its positions to the task's longest prompt + response (chain:T); the other tasks fit the presets as they are."""
+    its positions to the longest prompt + response of a task made to be long (chain:T); a prompt too long for the
+    other tasks stays a refusal."""
     if name not in PRESETS:
         raise SystemExit(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
     cfg = PRESETS[name].dense_twin() if dense else PRESETS[name]
     if task is not None and task.vocab_size > cfg.vocab_size:
         cfg = dataclasses.replace(cfg, vocab_size=task.vocab_size)
-    if task is not None and task.max_prompt_len + task.max_new_tokens > cfg.max_position_embeddings:  # chain:T
+    if task is not None and task.widens_positions and \
+            task.max_prompt_len + task.max_new_tokens > cfg.max_position_embeddings:
         cfg = dataclasses.replace(cfg, max_position_embeddings=task.max_prompt_len + task.max_new_tokens)
     return cfg
 
