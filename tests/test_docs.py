@@ -1,4 +1,4 @@
-"""README.md stays at most 20,000 bytes, and every relative link in README.md and docs/*.md resolves (file and anchor)."""
+"""README.md stays at most 20,000 bytes; every relative link in README.md and docs/*.md resolves (file and anchor)."""
 import re
 from pathlib import Path
 
