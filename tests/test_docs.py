@@ -1,4 +1,5 @@
-"""README.md stays at most 20,000 bytes; every relative link in README.md and docs/*.md resolves (file and anchor)."""
+"""README.md stays at most 20,000 bytes; every relative link in README.md and docs/*.md resolves (file and anchor);
+tables the docs quote from results files are verbatim."""
 import re
 from pathlib import Path
 
@@ -76,3 +77,40 @@ def test_the_checker_catches_a_missing_file_and_a_missing_anchor(tmp_path):
     page.write_text("[ok](b.md#a-heading-with-code-punctuation--more) [gone](c.md) [no](b.md#nope) "
                     "`[in code](d.md)` [web](https://example.com/x)\n```\n[fenced](e.md)\n```\n")
     assert [b.split(":")[0] for b in broken(page)] == ["c.md", "b.md#nope"]
+
+
+def tables(text: str) -> list[list[str]]:
+    """The markdown tables of a text, each as its list of lines."""
+    out, cur = [], []
+    for line in text.split("\n") + [""]:
+        if line.startswith("|"):
+            cur.append(line.rstrip())
+        elif cur:
+            out, cur = out + [cur], []
+    return out
+
+
+def test_tables_quoted_from_results_files_are_verbatim():
+    """A docs table whose header row is that of a table in a committed results/**/*.md file must be one of those
+    tables, line for line; the mismatch tables must be what experiments.mismatch_table renders from the committed
+    results/mismatch_table.json."""
+    import json
+
+    from experiments.mismatch_table import table
+    sources: dict[str, list[list[str]]] = {}
+    for f in sorted((ROOT / "results").rglob("*.md")):
+        for t in tables(f.read_text(encoding="utf-8")):
+            sources.setdefault(t[0], []).append(t)
+    quoted = 0
+    for page in PAGES:
+        for t in tables(page.read_text(encoding="utf-8")):
+            if t[0] in sources:
+                quoted += 1
+                assert t in sources[t[0]], f"{rel(page)}: table {t[0][:60]}... differs from its results file"
+    assert quoted >= 8
+    committed = json.loads((ROOT / "results" / "mismatch_table.json").read_text())["results"]
+    results_page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    for dtype in ("bf16", "fp8"):
+        rendered = [line for line in table([r for r in committed if r["dtype"] == dtype], dtype).split("\n")
+                    if line.startswith("|")]
+        assert "\n".join(rendered) in results_page, f"docs/results.md: the {dtype} mismatch table is not committed"
