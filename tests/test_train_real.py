@@ -29,6 +29,7 @@ REQUIRED = ["step", "reward", "kl", "kl_full", "extreme_frac", "router_flip_rate
 # reduced in one order at any world size (r3.fsdp.clip_grad_norm). A tolerance here would hide nothing useful: Adam
 # normalises each coordinate, so a last-bit difference in the clip coefficient grew to 3.7e-5 in the final weights
 # on one machine, and nothing bounds it below the size of the update itself (lr 3e-3).
+TOL = 0.0  # relative; tests/test_train_remote.py compares its FSDP run with this too: exact
 
 
 def make_checkpoint(d):
