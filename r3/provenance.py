@@ -7,8 +7,10 @@
 
 The commit is that of the checkout holding this package (not of the current directory); outside a git checkout, or
 without git, `commit` and `dirty` are None. `dirty` counts changed tracked files and untracked (not ignored) `.py`
-files, code that may have run; untracked outputs such as a results file being rewritten do not count. Left out: pip
-freeze, environment variables other than the thread settings, and the host name.
+files, code that may have run. It never counts what commands write: anything under the output folders `results/`
+and `runs/` (no code lives there), nor the paths passed as `outputs`. So a command that writes several results files
+(a table, then a second table beside it) stamps each of them clean at a clean commit, and so does a rerun over its
+own uncommitted outputs. Left out: pip freeze, environment variables other than the thread settings, the host name.
 """
 import datetime
 import os
@@ -23,6 +25,7 @@ import torch
 from r3.io import atomic_write_json
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUTPUT_DIRS = ("results/", "runs/")  # what commands write; a change there is an output, never code
 
 
 def _git(repo: str, *args: str) -> str | None:
@@ -33,25 +36,36 @@ def _git(repo: str, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def git_state(repo: str = REPO) -> dict:
-    """commit (full hash), dirty (bool) and the changed paths (at most 20), or None-valued outside a checkout."""
+def _is_output(path: str, outputs: tuple[str, ...]) -> bool:
+    return path.startswith(OUTPUT_DIRS) or any(path == o or path.startswith(o.rstrip("/") + "/") for o in outputs)
+
+
+def git_state(repo: str = REPO, outputs=()) -> dict:
+    """commit (full hash), dirty (bool) and the changed paths (at most 20), or None-valued outside a checkout.
+    `outputs`: files or folders the command writes (absolute, or relative to the current directory); their changes,
+    like those under OUTPUT_DIRS, do not count."""
     commit = _git(repo, "rev-parse", "HEAD")
     if commit is None or not commit.strip():
         return dict(commit=None, dirty=None, changed=None)
-    status = _git(repo, "status", "--porcelain", "--untracked-files=all")
-    changed = None if status is None else [line[3:] for line in status.splitlines()
-                                           if line.strip() and (not line.startswith("??") or line.endswith(".py"))]
+    status = _git(repo, "-c", "core.quotepath=off", "status", "--porcelain", "--untracked-files=all")
+    root = os.path.realpath(repo)
+    outs = tuple(os.path.relpath(os.path.realpath(o), root) for o in outputs)
+    changed = None if status is None else [
+        path for line in status.splitlines() if line.strip()
+        for path in [line[3:].split(" -> ")[-1]]  # a rename counts as its new path
+        if (not line.startswith("??") or path.endswith(".py")) and not _is_output(path, outs)]
     return dict(commit=commit.strip(), dirty=None if changed is None else bool(changed),
                 changed=None if changed is None else changed[:20])
 
 
-def provenance(argv: list[str] | None = None, t0: float | None = None, *, repo: str = REPO) -> dict:
+def provenance(argv: list[str] | None = None, t0: float | None = None, *, repo: str = REPO, outputs=()) -> dict:
     """Everything needed to say what produced a result. t0 is a time.time() start. argv: the arguments after
-    `python` (e.g. ["train.py", "--r3"]); default: this process's own (`sys.orig_argv`, so `-m pkg.mod` is kept)."""
+    `python` (e.g. ["train.py", "--r3"]); default: this process's own (`sys.orig_argv`, so `-m pkg.mod` is kept).
+    outputs: paths this command writes (see `git_state`)."""
     argv = list(sys.orig_argv[1:] if argv is None else argv)
     now = time.time()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return dict(**git_state(repo), torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
+    return dict(**git_state(repo, outputs), torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
                 python=platform.python_version(), threads=torch.get_num_threads(),
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"), platform=platform.platform(),
                 machine=platform.machine(), cpu_count=os.cpu_count(),

@@ -1,12 +1,19 @@
 """Where a toy run's model comes from: a preset, taught the task format by a cached supervised warm-up, or a file.
 
 RL from random init gives all-zero rewards on these tasks, so every arm of an ablation starts from the same
-short supervised warm-up. The checkpoint is cached under a key of everything that determines it (model config,
-task, steps, batch, lr, seed), so arms and seeds that share those share one file, byte for byte. The warm-up always
-runs on one thread: with two, float reduction order differs, the MoE routes a few tokens differently, and the
-weights would depend on the machine. Cache files are written atomically (temp, fsync, rename); one that cannot be
-read anyway (truncated, corrupt, another model) is reported by path and rebuilt. `load_model` is the one entry point
-for rollout.py and the experiments: a preset (warmed up) or a safetensors checkpoint.
+short supervised warm-up. The checkpoint is cached under a key of everything that determines it, so arms and seeds
+that share those share one file, byte for byte, and a cache can never serve weights that today's code would not
+make: the model config, task spec, steps, batch, lr and seed; a digest of the source files that build the weights
+(`WARMUP_SOURCES`: model, moe, warmup, tasks, checkpoint); a digest of the warm-up's whole data stream (every
+example it trains on, drawn as the warm-up draws them); torch's version and the CPU kernels it picks. A cached
+file whose recorded key differs from the one asked for, or whose weights are not all finite, is reported by path
+and rebuilt, as is one that cannot be read (truncated, corrupt, another model); a warm-up that diverges to
+non-finite weights is an error, never cached. The warm-up always runs on one thread: with two, float reduction
+order differs, the MoE routes a few tokens differently, and the weights would depend on the machine. Cache files
+are written atomically (temp, fsync, rename). Left out: other code the warm-up calls into (torch itself is covered
+by its version), so an edit elsewhere in r3 that changed the warm-up's numbers would need one of these files to
+change too. `load_model` is the one entry point for rollout.py and the experiments: a preset (warmed up) or a
+safetensors checkpoint.
 """
 import dataclasses
 import fcntl
@@ -18,9 +25,14 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from safetensors import safe_open
+
 from r3.checkpoint import checkpoint_config, load_weights, save_weights
 from r3.model import PRESETS, ModelConfig, Transformer, build_model
 from r3.tasks import EOS, PAD, Task
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WARMUP_SOURCES = tuple(os.path.join(HERE, f) for f in ("model.py", "moe.py", "warmup.py", "tasks.py", "checkpoint.py"))
 
 
 def preset_config(name: str, task: Task | None = None, *, dense: bool = False) -> ModelConfig:
@@ -75,6 +87,51 @@ def supervised_warmup(model: Transformer, task: Task, *, steps: int, batch_size:
     return losses
 
 
+def source_digest(paths=None) -> str:
+    """sha256 over the files that build the warm-up's weights (default `WARMUP_SOURCES`), names and contents."""
+    h = hashlib.sha256()
+    for path in WARMUP_SOURCES if paths is None else paths:
+        h.update(os.path.basename(path).encode() + b"\0")
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def stream_digest(task: Task, *, steps: int, batch_size: int, seed: int) -> str:
+    """sha256 of every example `supervised_warmup` trains on: the same generator, seed and draws."""
+    g, h = torch.Generator().manual_seed(seed), hashlib.sha256()
+    for _ in range(steps):
+        for e in task.sample(batch_size, g):
+            h.update(json.dumps([e.prompt, e.answer]).encode())
+    return h.hexdigest()[:16]
+
+
+def warmup_key(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int, seed: int, batch_size: int,
+               lr: float) -> dict:
+    """Everything that determines the warmed-up weights, as JSON gives it back (`checkpoint_config` reads `cfg`)."""
+    key = dict(cfg=dataclasses.asdict(cfg), task=task_spec, steps=steps, seed=seed, batch_size=batch_size, lr=lr,
+               threads=1, code=source_digest(), data=stream_digest(task, steps=steps, batch_size=batch_size, seed=seed),
+               torch=torch.__version__, cpu=torch.backends.cpu.get_cpu_capability())
+    return json.loads(json.dumps(key))
+
+
+def _cached(model: Transformer, path: str, key: dict) -> tuple[Transformer | None, str]:
+    """(the model loaded from the cache file, "") when it holds `key` and finite weights, else (None, why not)."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            recorded = json.loads((f.metadata() or {}).get("r3", "{}")).get("key")
+        load_weights(model, path)
+    except Exception as e:  # truncated, corrupt, unreadable metadata, another model: a cache is only a cache
+        return None, f"is unreadable ({e})"
+    if recorded != key:
+        diff = sorted(k for k in set(key) | set(recorded or {}) if (recorded or {}).get(k) != key.get(k))
+        return None, f"was made under another key (differs in {', '.join(diff)})"
+    bad = [n for n, p in model.state_dict().items() if p.is_floating_point() and not torch.isfinite(p).all()]
+    if bad:
+        return None, f"holds non-finite weights ({len(bad)} tensor(s), first {bad[0]})"
+    return model, ""
+
+
 def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int, seed: int = 0,
                     batch_size: int = 64, lr: float = 3e-3, cache_dir: str = ".cache/warmup",
                     progress: bool = True) -> tuple[Transformer, str]:
@@ -82,20 +139,19 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
 
     Arms of a sweep start in parallel and share the cache: a lock on `PATH.lock` makes the first build it while the
     others wait, then load it (two writers of one cache file would race on its temporary file)."""
-    key = json.dumps(dict(cfg=dataclasses.asdict(cfg), task=task_spec, steps=steps, seed=seed,
-                          batch_size=batch_size, lr=lr, v=2), sort_keys=True)  # v2: 1 thread
-    path = os.path.join(cache_dir, hashlib.sha256(key.encode()).hexdigest()[:16] + ".safetensors")
+    key = warmup_key(cfg, task, task_spec, steps=steps, seed=seed, batch_size=batch_size, lr=lr)
+    path = os.path.join(cache_dir, hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+                        + ".safetensors")
     os.makedirs(cache_dir, exist_ok=True)
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or by the OS if this process dies
-        model = build_model(cfg, seed)
         if os.path.exists(path):
-            try:
-                return load_weights(model, path), path
-            except ValueError as e:  # a cache is only a cache: rebuild it
-                print(f"warm-up cache {path} is unreadable ({e}); rebuilding it")
-                os.remove(path)
-                model = build_model(cfg, seed)
+            model, why = _cached(build_model(cfg, seed), path, key)
+            if model is not None:
+                return model, path
+            print(f"warm-up cache {path} {why}; rebuilding it")
+            os.remove(path)
+        model = build_model(cfg, seed)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the result must not depend on the machine: MoE routing amplifies reduction order
         try:
@@ -104,7 +160,11 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
                                   progress=progress)
         finally:
             torch.set_num_threads(threads)
-        save_weights(model, path, dict(key=json.loads(key)))
+        bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+        if bad:
+            raise RuntimeError(f"the supervised warm-up diverged: {len(bad)} parameter(s) non-finite after {steps} "
+                               f"steps at lr {lr} (first {bad[0]}); nothing was cached")
+        save_weights(model, path, dict(key=key))
     return model, path
 
 

@@ -1,5 +1,6 @@
 """What this proves: provenance records commit, dirty flag, torch / Python versions, threads, machine, wall time and
-the exact command line; a dirty tree is said in the markdown line; outside a git checkout the commit is None."""
+the exact command line; a dirty tree is said in the markdown line, and a command's own outputs (under results/ or
+runs/, or declared) never make it dirty; outside a git checkout the commit is None."""
 import json
 import re
 import shutil
@@ -51,3 +52,26 @@ def test_dirty_tree_is_said(tmp_path):
     (tmp_path / "f.py").write_text("x = 2\n")
     dirty = provenance(["train.py"], repo=str(tmp_path))
     assert dirty["dirty"] is True and dirty["changed"] == ["f.py"] and "dirty tree" in markdown_line(dirty)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_commands_own_outputs_never_make_its_tree_dirty(tmp_path):
+    """The bug: a command that wrote results/a/first.json, then stamped results/a/second.json, recorded the second
+    as made from a dirty tree (its own first output was a changed tracked file)."""
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("x = 1\n")
+    (tmp_path / "results" / "a").mkdir(parents=True)
+    (tmp_path / "results" / "a" / "first.json").write_text("{}")
+    (tmp_path / "out.txt").write_text("old\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    (tmp_path / "results" / "a" / "first.json").write_text('{"kl": 1}')  # the command's first output
+    (tmp_path / "results" / "a" / "second.json").write_text("{}")
+    assert provenance([], repo=str(tmp_path))["dirty"] is False
+    (tmp_path / "out.txt").write_text("new\n")  # a tracked file outside results/: an output only when declared
+    assert provenance([], repo=str(tmp_path))["changed"] == ["out.txt"]
+    assert provenance([], repo=str(tmp_path), outputs=[str(tmp_path / "out.txt")])["dirty"] is False
+    (tmp_path / "f.py").write_text("x = 2\n")  # code still counts
+    assert provenance([], repo=str(tmp_path), outputs=[str(tmp_path / "out.txt")])["changed"] == ["f.py"]

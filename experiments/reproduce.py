@@ -1,0 +1,342 @@
+"""Remake or check every committed results file: one declarative registry, REGISTRY below.
+
+    python -m experiments.reproduce --list               # every entry: files, command, expected wall, what is checked
+    python -m experiments.reproduce --only NAME          # remake NAME's files in place (its commands, as listed)
+    python -m experiments.reproduce --check [--quick]    # recompute into a temp folder and compare with the committed
+    python -m experiments.reproduce --check --only NAME  # the same for one entry
+
+An entry names the committed files it makes, the commands that make them (`{out}` is the entry's folder under
+`results/` when remaking, a temp folder when checking), their expected wall time on this project's 2-core machine,
+and for each JSON file it checks a tolerance per key: a list of rules `(pattern, tolerance, reason)`, the first that
+matches a key wins, `*` matching anything; keys no rule names are compared exactly. Numbers, booleans and nulls are
+compared (strings are descriptions and paths, and `provenance` is never compared); a key on one side only is a
+mismatch. `--check` compares against whatever is committed, so a deliberate regeneration (`--only NAME`, then
+commit) needs no change here. A mismatch prints the file, the key, the committed and the recomputed value, and the
+exit status is 1. `--quick` checks the entries marked quick (about 10 minutes on 2 cores; `.ci/run` runs it).
+
+Some entries check with a cheaper command (`check_commands`) that recomputes exactly the keys they compare, e.g.
+route sizes without the long throughput timing. Entries made by code this project has since changed are `frozen`:
+listed with the command of their time and the reason, never remade or checked. To add an entry, append an `Entry`.
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+DETERMINISTIC = ("deterministic on CPU: fixed seeds, one torch thread for the warm-up, sampling and scoring "
+                 "(a fresh clone reproduces the committed file bit for bit)")
+TIMING = "a time or a speed: it depends on the machine and its load"
+WALL = "wall time of the run"
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One JSON file of an entry (a path inside its folder) and the tolerance rules of its keys."""
+    file: str
+    rules: tuple = ()        # (pattern, tolerance, reason); tolerance: "exact", "skip", ("rel", x) or ("abs", x)
+    default: str = DETERMINISTIC  # why keys no rule names must match exactly
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    out: str                 # the entry's folder, relative to the repository root; `{out}` in commands
+    files: tuple             # the committed files it makes, relative to `out` (globs allowed)
+    commands: tuple          # argv strings run in order from the repository root; `python` is this interpreter
+    wall_s: float | None     # expected wall time of `commands` on 2 cores (shared), warm-up cache cold; None:
+                             # not recorded (frozen entries)
+    checks: tuple = ()
+    check_commands: tuple = ()  # a cheaper way to recompute exactly the checked keys (default: `commands`)
+    check_wall_s: float | None = None
+    quick: bool = False      # part of `--check --quick`
+    stdout: str | None = None  # the last command's stdout is saved as this file in `out`
+    frozen: str | None = None  # why it cannot be remade by the code at HEAD (its commands are those of its time)
+    note: str = ""
+
+
+REGISTRY = (
+    Entry("mismatch_table", "results", ("mismatch_table.json", "mismatch_table.png"),
+          ("python -m experiments.mismatch_table --out {out}",), wall_s=90, quick=True,
+          checks=(Check("mismatch_table.json", (("wall_s", "skip", WALL),)),)),
+    Entry("mismatch_precisions", "results/mismatch_precisions", ("mismatch_table.json", "mismatch_table.png",
+                                                                 "stdout.txt"),
+          ("python -m experiments.mismatch_table --presets toy qwen3-ratio --dtypes bf16 fp8 fp8-channel fp8-router "
+           "int4 fp4 --prompts 128 --out {out}",), wall_s=150, quick=True, stdout="stdout.txt",
+          checks=(Check("mismatch_table.json", (("wall_s", "skip", WALL),)),)),
+    Entry("inspect", "results", ("inspect.json", "inspect.png", "inspect.html"),
+          ("python rollout.py --task sort --rollout-dtype fp8 --warmup-steps 200 --prompts-per-step 512 "
+           "--group-size 8 --out {tmp}/rollout_fp8",
+           "python -m r3.inspect {tmp}/rollout_fp8 --warmup-steps 200 --out {out}/inspect"),
+          wall_s=40, quick=True, checks=(Check("inspect.json"),),
+          note="the rollout is the fp8 table's batch (same model, prompts and seed)"),
+    Entry("storage", "results", ("storage.json",), ("python -m experiments.storage --out {out}/storage.json",),
+          wall_s=7, quick=True,
+          check_commands=("python -m experiments.storage --rows 4096 --reps 1 --out {out}/storage.json",),
+          check_wall_s=3,
+          checks=(Check("storage.json", (
+              ("rows*mrows_s", "skip", TIMING), ("timed_rows", "skip", "the check times fewer rows"),
+              ("reps", "skip", "the check times one repetition"),
+              ("torch", "skip", "the committed file predates provenance and kept torch's version here")),
+              default="sizes follow from the geometry and the codec alone"),)),
+    Entry("overhead", "results", ("overhead.json",), ("python -m experiments.overhead --reps 11 "
+                                                      "--out {out}/overhead.json",),
+          wall_s=68, quick=True,
+          check_commands=("python -m experiments.overhead --reps 1 --out {out}/overhead.json",), check_wall_s=10,
+          checks=(Check("overhead.json", (
+              ("rows*", "skip", TIMING), ("raw_ms*", "skip", TIMING),
+              ("config.reps", "skip", "the check runs one repetition"),
+              ("torch", "skip", "the committed file predates provenance and kept torch's version here")),
+              default="prefill slots and batch shape follow from the configuration"),)),
+    Entry("speed", "results", ("speed.json", "speed.md"), ("python -m experiments.speed --out {out}/speed.json",),
+          wall_s=224,
+          checks=(Check("speed.json", (
+              ("*max_abs_diff", "exact", "ours and transformers on identical weights: 0.0, bit-identical"),
+              ("*_ms", "skip", TIMING), ("*ratio", "skip", TIMING), ("*tok_s", "skip", TIMING),
+              ("*speedup", "skip", TIMING), ("wall_s", "skip", WALL)),
+              default="the configuration of the benchmark"),)),
+    Entry("collapse", "results/collapse", ("collapse.json", "collapse.md", "collapse.png", "fidelity.png",
+                                           "phase.json", "phase.md", "phase.png"),
+          ("python -m experiments.collapse --phase --out {out}",), wall_s=3983,
+          checks=(Check("collapse.json", default="every run is one seeded train.py process on one thread"),
+                  Check("phase.json", default="every run is one seeded train.py process on one thread")),
+          note="15 runs x 400 steps + 10 x 200; the wall time was measured on 2 shared cores (uncontended ~35 min)"),
+    Entry("collapse_h1000", "results/collapse/h1000", ("collapse.json", "collapse.md", "collapse.png",
+                                                       "fidelity.png"),
+          ("python -m experiments.collapse --seeds 0 1 --steps 1000 --runs-dir {out}/runs --out {out}",),
+          wall_s=3000,
+          checks=(Check("collapse.json", default="every run is one seeded train.py process on one thread; "
+                                                 "a resumed run continues bit-identically"),),
+          note="the committed runs were the 400-step runs of seeds 0 and 1 copied into {out}/runs and resumed; "
+               "from scratch the same command runs all 1000 steps (resume is bit-identical); wall estimated from the "
+               "400-step sweep's rate"),
+    Entry("ablations", "results/ablations", ("ablations.json", "ablations.md", "ablations.png"),
+          ("python -m experiments.ablations --runs-dir {out}/runs --out {out}",), wall_s=1827,
+          checks=(Check("ablations.json", (("*wall*", "skip", WALL),),
+                        default="every run is one seeded train.py process on one thread"),),
+          note="8 arms x 2 seeds x 300 steps at fp8-router"),
+    Entry("earlier_qwen3_sort", "results/earlier/qwen3_sort",
+          ("collapse.json", "collapse.md", "collapse.png", "fidelity.png", "phase.json", "phase.md", "phase.png",
+           "toy_fp32_1000.metrics.jsonl", "toy_fp32_learning.md", "toy_fp32_learning.png"),
+          ("python -m experiments.collapse --seeds 0 1 2 --steps 500 --phase --phase-steps 200 --phase-seeds 0 "
+           "--out results/headline",), wall_s=3012,
+          frozen="made at commit e1f1dd3 on sorting with the Qwen3-ratio preset; training then drew prompts from the "
+                 "whole task (no held-out split), so today's code draws another stream (docs/history.md)"),
+    Entry("earlier_qwen3_sort_h1000", "results/earlier/qwen3_sort/h1000",
+          ("collapse.json", "collapse.md", "collapse.png", "fidelity.png"),
+          ("python -m experiments.collapse --seeds 0 1 --steps 1000 --runs-dir results/headline/runs "
+           "--out results/headline/h1000",),
+          wall_s=1220, frozen="the extension of earlier_qwen3_sort, by the same code (docs/history.md)"),
+    Entry("earlier_toy_sort", "results/earlier/toy_sort",
+          ("collapse.json", "collapse.md", "collapse.png", "dose.json", "dose.md", "dose.png"),
+          ("python experiments/collapse.py --dose",), wall_s=1980,
+          frozen="made by the code of commit 567914e on sorting; `--dose` has since left experiments.collapse "
+                 "(docs/history.md)"),
+    Entry("earlier_toy_sort_ablations", "results/earlier/toy_sort_ablations",
+          ("ablations.json", "ablations.md", "ablations.png"), ("python experiments/ablations.py",), wall_s=900,
+          frozen="made by the code of commit 60106ff on sorting, 13 arms (docs/history.md)"),
+    Entry("earlier_toy_sort_ablations_m1", "results/earlier/toy_sort_ablations_m1",
+          ("ablations.json", "ablations.md", "ablations.png"),
+          ("python experiments/ablations.py --seeds 0 1 2 3 4 --arms 'GRPO (1 mini-step)' 'GRPO+R3 (1 mini-step)' "
+           "--out results/ablations_m1",), wall_s=None,
+          frozen="made by the code of commit 567914e on sorting (docs/history.md)"),
+)
+BY_NAME = {e.name: e for e in REGISTRY}
+
+
+# ------------------------------------------------------------------------------------------------ comparing files
+def leaves(x, key: str = ""):
+    """(key, value) for every leaf of a JSON value; keys like `results[3].kl`."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from leaves(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from leaves(v, f"{key}[{i}]")
+    else:
+        yield key, x
+
+
+def _pattern(p: str) -> re.Pattern:
+    return re.compile("".join(".*" if c == "*" else re.escape(c) for c in p) + r"\Z")
+
+
+def rule_for(check: Check, key: str) -> tuple:
+    for pattern, tol, reason in check.rules:
+        if _pattern(pattern).match(key):
+            return tol, reason
+    return "exact", check.default
+
+
+def close(a, b, tol) -> bool:
+    if tol == "exact" or isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    kind, x = tol
+    return abs(a - b) <= (x * max(abs(a), abs(b)) if kind == "rel" else x)
+
+
+def context(data, key: str) -> str:
+    """The string fields of the list elements along `key`, e.g. `results[4] (preset=toy, dtype=fp8, row=MoE)`."""
+    out, node = [], data
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", key):
+        node = node[int(part[1:-1])] if part.startswith("[") else node.get(part) if isinstance(node, dict) else None
+        if part.startswith("[") and isinstance(node, dict):
+            tags = [f"{k}={v}" for k, v in node.items() if isinstance(v, str) and v and len(v) <= 40]
+            out.append(f"{part} ({', '.join(tags[:4])})" if tags else part)
+        elif not part.startswith("["):
+            out.append(("." if out else "") + part)
+        else:
+            out.append(part)
+        if node is None:
+            break
+    return "".join(out)
+
+
+def compare(check: Check, committed: dict, recomputed: dict) -> tuple[int, list[tuple[str, object, object, str]]]:
+    """(how many keys were compared, the mismatches: key, committed, recomputed, tolerance and reason)."""
+    def numeric(d):
+        return {k: v for k, v in leaves({k: v for k, v in d.items() if k != "provenance"})
+                if v is None or isinstance(v, (bool, int, float))}
+    a, b = numeric(committed), numeric(recomputed)
+    bad, n = [], 0
+    for key in sorted(set(a) | set(b), key=lambda k: (k not in a, k)):
+        tol, reason = rule_for(check, key)
+        if tol == "skip":
+            continue
+        n += 1
+        if key not in a or key not in b:
+            bad.append((key, a.get(key, "<absent>"), b.get(key, "<absent>"), "a key on one side only"))
+        elif not close(a[key], b[key], tol):
+            bad.append((context(committed, key), a[key], b[key], f"{tol}: {reason}"))
+    return n, bad
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def expand(cmd: str, out: str, tmp: str) -> list[str]:
+    argv = [a.replace("{out}", out).replace("{tmp}", tmp) for a in shlex.split(cmd)]
+    return [sys.executable, *argv[1:]] if argv[0] == "python" else argv
+
+
+def run_commands(entry: Entry, commands, out: str, tmp: str, *, log: str | None) -> None:
+    """Run `commands` from the repository root (this checkout's code first on the path). With `log`, their output
+    goes there; the entry's `stdout` file is written once the last command has finished (so a running command never
+    sees it half-written)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    os.makedirs(out, exist_ok=True)
+    for i, cmd in enumerate(commands):
+        argv = expand(cmd, out, tmp)
+        keep = entry.stdout is not None and i == len(commands) - 1
+        with open(log or os.devnull, "a") as logf:
+            print(f"[{entry.name}] {shlex.join(['python', *argv[1:]])}", flush=True)
+            proc = subprocess.run(argv, cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE if keep else (logf if log else None),
+                                  stderr=subprocess.STDOUT if log else None)
+            if keep:
+                (logf if log else sys.stdout).write(proc.stdout)
+        if proc.returncode != 0:
+            tail = open(log).read()[-3000:] if log else ""
+            raise SystemExit(f"{tail}\n[{entry.name}] failed (exit {proc.returncode}): {shlex.join(argv)}")
+        if keep:
+            with open(os.path.join(tmp, "stdout.part"), "w") as f:
+                f.write(proc.stdout)
+            os.replace(os.path.join(tmp, "stdout.part"), os.path.join(out, entry.stdout))
+
+
+def remake(entry: Entry) -> None:
+    if entry.frozen:
+        raise SystemExit(f"{entry.name} is frozen and cannot be remade at HEAD: {entry.frozen}")
+    with tempfile.TemporaryDirectory(prefix=f"reproduce-{entry.name}-") as tmp:
+        t0 = time.time()
+        run_commands(entry, entry.commands, os.path.join(ROOT, entry.out), tmp, log=None)
+        print(f"[{entry.name}] remade {entry.out}/{{{','.join(entry.files)}}} in {time.time() - t0:.0f} s "
+              f"(expected {entry.wall_s:.0f} s)")
+
+
+def check(entry: Entry, *, root: str = ROOT) -> list[str]:
+    """Recompute `entry` into a temp folder and compare with the files committed under `root`. Returns one line
+    per mismatch (empty when everything matches)."""
+    with tempfile.TemporaryDirectory(prefix=f"reproduce-{entry.name}-") as tmp:
+        out = os.path.join(tmp, "out")
+        t0 = time.time()
+        run_commands(entry, entry.check_commands or entry.commands, out, tmp, log=os.path.join(tmp, "log.txt"))
+        bad, n = [], 0
+        for c in entry.checks:
+            committed_path = os.path.join(root, entry.out, c.file)
+            committed = json.load(open(committed_path))
+            recomputed = json.load(open(os.path.join(out, c.file)))
+            rel = os.path.relpath(committed_path, root)
+            compared, found = compare(c, committed, recomputed)
+            n += compared
+            bad += [f"{rel}: {key}: committed {a!r}, recomputed {b!r} ({why})" for key, a, b, why in found]
+        expected = entry.check_wall_s or entry.wall_s
+        print(f"[{entry.name}] {n} numbers compared, {'all match' if not bad else f'{len(bad)} MISMATCHES'} in "
+              f"{time.time() - t0:.0f} s "
+              f"(expected {expected:.0f} s)", flush=True)
+        return bad
+
+
+def describe(entry: Entry) -> str:
+    lines = [f"{entry.name}: {entry.out}/{{{', '.join(entry.files)}}}"]
+    lines += [f"  command: {c}" for c in entry.commands]
+    wall = "not recorded" if entry.wall_s is None else f"{entry.wall_s:.0f} s"
+    lines.append(f"  expected wall on 2 cores: {wall}" + (" (quick)" if entry.quick else ""))
+    if entry.frozen:
+        lines.append(f"  frozen: {entry.frozen}")
+    for c in entry.check_commands:
+        lines.append(f"  checked with: {c} ({entry.check_wall_s:.0f} s)")
+    for c in entry.checks:
+        lines.append(f"  checks {c.file}: other numbers exact ({c.default})")
+        lines += [f"    {p}: {t if isinstance(t, str) else f'{t[0]} {t[1]:g}'} ({why})" for p, t, why in c.rules]
+    if entry.note:
+        lines.append(f"  note: {entry.note}")
+    return "\n".join(lines)
+
+
+def listing(entries=REGISTRY) -> str:
+    """What `--list` prints (docs/reproduce.md holds it verbatim)."""
+    return "\n\n".join(describe(e) for e in entries)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="entries: " + ", ".join(BY_NAME))
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these entries only (remake them, or --check them)")
+    p.add_argument("--check", action="store_true", help="recompute into a temp folder and compare with results/")
+    p.add_argument("--quick", action="store_true", help="with --check: only the quick entries (~10 min on 2 cores)")
+    p.add_argument("--list", action="store_true", help="print the registry and exit")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.only or [] if n not in BY_NAME]
+    if unknown:
+        p.error(f"unknown entry {unknown[0]!r}; choose from {', '.join(BY_NAME)}")
+    entries = [BY_NAME[n] for n in args.only] if args.only else list(REGISTRY)
+    if args.list:
+        print(listing(entries))
+        return 0
+    if not args.check:
+        if args.quick or not args.only:
+            p.error("remaking needs --only NAME (a full remake of everything takes hours); or pass --check")
+        for e in entries:
+            remake(e)
+        return 0
+    if args.quick:
+        entries = [e for e in entries if e.quick]
+    skipped = [e for e in entries if e.frozen or not e.checks]
+    for e in skipped:
+        print(f"[{e.name}] not checked: {e.frozen or 'no numbers to compare'}")
+    bad = [line for e in entries if e not in skipped for line in check(e)]
+    for line in bad:
+        print(f"MISMATCH {line}")
+    print(f"{len(entries) - len(skipped)} entries checked, {len(bad)} mismatches")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

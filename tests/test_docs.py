@@ -1,0 +1,116 @@
+"""README.md stays at most 20,000 bytes; every relative link in README.md and docs/*.md resolves (file and anchor);
+tables the docs quote from results files are verbatim."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def prose(text: str) -> str:
+    """The text outside fenced code blocks and inline code spans (links there are not links)."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (word characters, '-' and ' ' kept), each
+    space a '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    out, seen = set(), {}
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.S | re.M)
+    for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M):
+        s = slug(m.group(1))
+        n = seen.get(s, 0)
+        seen[s] = n + 1
+        out.add(s if n == 0 else f"{s}-{n}")
+    return out
+
+
+def relative_links(path: Path) -> list[str]:
+    return [t for t in LINK.findall(prose(path.read_text(encoding="utf-8")))
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", t)]  # http:, https:, mailto: are not relative
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def broken(path: Path) -> list[str]:
+    bad = []
+    for target in relative_links(path):
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            bad.append(f"{target}: no file {rel(dest)}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{target}: no heading with anchor #{anchor} in {rel(dest)}")
+    return bad
+
+
+def test_readme_is_at_most_20000_bytes():
+    size = (ROOT / "README.md").stat().st_size
+    assert size <= 20_000, f"README.md is {size} bytes; move detail into docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    assert broken(page) == []
+
+
+def test_the_docs_exist_and_the_readme_links_every_page():
+    linked = {(ROOT / t.partition("#")[0]).resolve() for t in relative_links(ROOT / "README.md")}
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert len(pages) >= 5
+    assert [p.name for p in pages if p.resolve() not in linked] == []
+
+
+def test_the_checker_catches_a_missing_file_and_a_missing_anchor(tmp_path):
+    (tmp_path / "b.md").write_text("# A heading: with `code`, punctuation & more\n")
+    page = tmp_path / "a.md"
+    page.write_text("[ok](b.md#a-heading-with-code-punctuation--more) [gone](c.md) [no](b.md#nope) "
+                    "`[in code](d.md)` [web](https://example.com/x)\n```\n[fenced](e.md)\n```\n")
+    assert [b.split(":")[0] for b in broken(page)] == ["c.md", "b.md#nope"]
+
+
+def tables(text: str) -> list[list[str]]:
+    """The markdown tables of a text, each as its list of lines."""
+    out, cur = [], []
+    for line in text.split("\n") + [""]:
+        if line.startswith("|"):
+            cur.append(line.rstrip())
+        elif cur:
+            out, cur = out + [cur], []
+    return out
+
+
+def test_tables_quoted_from_results_files_are_verbatim():
+    """A docs table whose header row is that of a table in a committed results/**/*.md file must be one of those
+    tables, line for line; the mismatch tables must be what experiments.mismatch_table renders from the committed
+    results/mismatch_table.json."""
+    import json
+
+    from experiments.mismatch_table import table
+    sources: dict[str, list[list[str]]] = {}
+    for f in sorted((ROOT / "results").rglob("*.md")):
+        for t in tables(f.read_text(encoding="utf-8")):
+            sources.setdefault(t[0], []).append(t)
+    quoted = 0
+    for page in PAGES:
+        for t in tables(page.read_text(encoding="utf-8")):
+            if t[0] in sources:
+                quoted += 1
+                assert t in sources[t[0]], f"{rel(page)}: table {t[0][:60]}... differs from its results file"
+    assert quoted >= 8
+    committed = json.loads((ROOT / "results" / "mismatch_table.json").read_text())["results"]
+    results_page = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    for dtype in ("bf16", "fp8"):
+        rendered = [line for line in table([r for r in committed if r["dtype"] == dtype], dtype).split("\n")
+                    if line.startswith("|")]
+        assert "\n".join(rendered) in results_page, f"docs/results.md: the {dtype} mismatch table is not committed"

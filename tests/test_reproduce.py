@@ -1,0 +1,126 @@
+"""experiments.reproduce: its registry covers every committed results file once, every results JSON records its
+provenance, the comparison applies each key's tolerance, and a changed committed number makes --check fail naming the
+file, the key and both values (on a temp copy; the committed files are never edited)."""
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from experiments import reproduce as rp
+from experiments.reproduce import BY_NAME, REGISTRY, Check, compare
+
+ROOT = rp.ROOT
+
+
+def committed_results() -> list[str]:
+    out = subprocess.run(["git", "-C", ROOT, "ls-files", "results"], capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return out.stdout.split()
+
+
+def owners(path: str) -> list[str]:
+    return [e.name for e in REGISTRY for pattern in e.files
+            if os.path.dirname(path) == e.out and fnmatch.fnmatch(os.path.basename(path), pattern)]
+
+
+def test_every_committed_results_file_has_exactly_one_entry():
+    files = committed_results()
+    assert files
+    assert {f: owners(f) for f in files if len(owners(f)) != 1} == {}
+
+
+def test_every_entry_names_files_that_exist_and_checks_its_own_json():
+    for e in REGISTRY:
+        for pattern in e.files:
+            assert any(fnmatch.fnmatch(f, os.path.join(e.out, pattern)) for f in committed_results()), (e.name, pattern)
+        assert [c.file for c in e.checks if c.file not in e.files] == [], e.name
+        assert e.frozen or e.checks, f"{e.name}: a live entry must check something"
+        assert not (e.frozen and e.quick), e.name
+        assert e.commands and (e.wall_s or 0) > 0 or e.frozen
+
+
+def test_quick_check_fits_in_about_ten_minutes_and_covers_the_mismatch_table_and_storage():
+    quick = [e for e in REGISTRY if e.quick]
+    assert {"mismatch_table", "storage"} <= {e.name for e in quick}
+    assert sum(e.check_wall_s or e.wall_s for e in quick) <= 600
+
+
+def test_every_results_json_records_its_provenance():
+    for f in committed_results():
+        if f.endswith(".json"):
+            prov = json.load(open(os.path.join(ROOT, f))).get("provenance")
+            assert prov is not None, f
+            assert {"commit", "dirty", "command", "torch"} <= set(prov), f
+            assert len(prov["commit"]) == 40, f
+            assert prov["torch"] is not None or "reconstructed" in prov, f  # older files say what is unknown
+
+
+def test_compare_applies_each_tolerance():
+    c = Check("x.json", (("t*", "skip", "timing"), ("r", ("rel", 1e-3), "r"), ("a", ("abs", 0.5), "a")))
+    base = dict(t_ms=1.0, r=1000.0, a=1.0, n=float("nan"), rows=[dict(name="MoE", kl=0.5)], flag=True, none=None,
+                label="strings are not compared", provenance=dict(commit="x"))
+    assert compare(c, base, dict(base)) == (6, [])
+    near = dict(base, t_ms=99.0, r=1000.9, a=1.4, label="other", provenance={})
+    assert compare(c, base, near)[1] == []
+    far = dict(base, r=1002.0, a=1.6, rows=[dict(name="MoE", kl=0.6)], flag=False, none=0.0)
+    assert [m[0] for m in compare(c, base, far)[1]] == ["a", "flag", "none", "r", "rows[0] (name=MoE).kl"]
+    gone = {k: v for k, v in base.items() if k != "a"}
+    assert compare(c, base, gone)[1] == [("a", 1.0, "<absent>", "a key on one side only")]
+
+
+def test_unknown_entry_and_remake_of_a_frozen_entry_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        rp.main(["--only", "nope"])
+    assert e.value.code == 2 and "unknown entry 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="frozen"):
+        rp.main(["--only", "earlier_toy_sort"])
+
+
+def copy_committed(entry, root):
+    for pattern in entry.files:
+        dest = root / entry.out
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in fnmatch.filter(os.listdir(os.path.join(ROOT, entry.out)), pattern):
+            shutil.copy(os.path.join(ROOT, entry.out, name), dest / name)
+
+
+def test_check_passes_on_the_committed_files_and_names_a_changed_number(tmp_path):
+    entry = BY_NAME["storage"]  # the cheapest live entry: seconds
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    copy_committed(entry, good)
+    copy_committed(entry, bad)
+    assert rp.check(entry, root=str(good)) == []
+    path = bad / entry.out / "storage.json"
+    data = json.loads(path.read_text())
+    committed = data["rows"][7]["sample_bytes"]
+    data["rows"][7]["sample_bytes"] = committed + 1
+    path.write_text(json.dumps(data, indent=1))
+    lines = rp.check(entry, root=str(bad))
+    assert len(lines) == 1
+    assert lines[0].startswith("results/storage.json: rows[7] (geometry=256e-top8, codec=")
+    assert ".sample_bytes: " in lines[0]
+    assert f"committed {committed + 1}, recomputed {committed}" in lines[0]
+
+
+def test_check_command_exits_non_zero_on_a_mismatch(tmp_path, monkeypatch, capsys):
+    entry = BY_NAME["storage"]
+    copy_committed(entry, tmp_path)
+    path = tmp_path / entry.out / "storage.json"
+    data = json.loads(path.read_text())
+    data["rows"][0]["vs_int32"] = 3.5
+    path.write_text(json.dumps(data, indent=1))
+    real = rp.check
+    monkeypatch.setattr(rp, "check", lambda e: real(e, root=str(tmp_path)))
+    assert rp.main(["--check", "--only", "storage"]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH results/storage.json: rows[0] (geometry=Qwen3-30B-A3B, codec=bool_mask" in out
+    assert "committed 3.5, recomputed 4.0" in out
+
+
+def test_the_docs_list_the_registry():
+    text = open(os.path.join(ROOT, "docs", "reproduce.md")).read()
+    assert rp.listing() in text
