@@ -22,40 +22,38 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
 import torch
 from tqdm import tqdm
 
-from r3.batch import load_rollouts, rollout_folders
-from r3.checkpoint import load_checkpoint, model_digest, save_checkpoint
-from r3.collect import (Rollout, advantages, check_shardable, my_shards, sample_shard, shard_generator_name,
-                        shard_rows, shard_seed)
+from r3.batch import rollout_folders
+from r3.checkpoint import load_checkpoint, save_checkpoint
+from r3.collect import (Rollout, advantages, my_shards, sample_shard, shard_generator_name, shard_rows,
+                        shard_seed)
 from r3.config import RUN_DEFINING, TrainConfig, parse
 from r3.engine import Engine
 from r3.errors import run_main
-from r3.evaluate import evaluate, heldout_examples
+from r3.evaluate import evaluate
 from r3.fidelity import gradient_fidelity
-from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, load_policy, save_hf_checkpoint,
-                     setup_distributed, sync_engine)
+from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, save_hf_checkpoint, setup_distributed,
+                     sync_engine)
 from r3.grpo import loss_denominator, policy_loss
 from r3.guard import CollapseGuard
-from r3.hf import load_config, load_tokenizer
+from r3.hf import load_config
 from r3.inspect import dump_samples
+from r3.launch import check_mini_steps, load_policy_and_task, read_disk_rollouts
 from r3.io import atomic_write_json, read_jsonl
-from r3.jsonl_task import make_jsonl_task
 from r3.memory import format_plan, memory_plan
 from r3.metrics import MISMATCH_KEYS, flip_stats, kl_k3
 from r3.plots import log_scalars, tensorboard_writer
 from r3.process import configure_cpu
 from r3.provenance import stamp
-from r3.remote import make_engine
 from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume, check_steps,
                           read_metrics, truncate_metrics)
 from r3.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
                       without_pass)
-from r3.tasks import EOS, PAD, make_task
-from r3.warmup import preset_config, warmed_up_model
+from r3.tasks import make_task
+from r3.warmup import preset_config
 
 
 def main(argv=None):
@@ -445,18 +443,6 @@ def check_launch(cfg: TrainConfig) -> str:
     return out
 
 
-def check_mini_steps(k: int, rows: int, what: str, lead: bool) -> None:
-    """--mini-steps K beyond the rows of a step's shard is refused; K that torch.chunk (in `update`) cuts into fewer
-    minibatches (6 rows, K = 4: 3 of 2 rows) gets a one-line note."""
-    if k > rows:
-        sys.exit(f"error: --mini-steps {k} is more than the {rows} rows of {what} (per data shard): each minibatch "
-                 f"needs a row; pass --mini-steps {rows} or fewer, or more rows")
-    chunks = math.ceil(rows / math.ceil(rows / k))
-    if chunks != k and lead:
-        print(f"note: --mini-steps {k} on {rows} rows per shard makes {chunks} minibatches of "
-              f"{math.ceil(rows / k)} rows (torch.chunk)")
-
-
 def open_folder(cfg: TrainConfig, out: str) -> RunFolder:
     """Lock OUT for this process; --overwrite removes everything the old run wrote before anything new is written."""
     try:
@@ -466,104 +452,6 @@ def open_folder(cfg: TrainConfig, out: str) -> RunFolder:
     if cfg.overwrite and folder.has_run():
         folder.clear()
     return folder
-
-
-class Policy(NamedTuple):
-    model: torch.nn.Module
-    engine: object
-    plain: torch.nn.Module | None
-    task: object
-    eos_ids: tuple[int, ...]
-    pad_id: int
-    heldout: list
-    warm_path: str | None
-
-
-def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device) -> Policy:
-    """The trainer, its engine and the task; prompt lengths are checked against the model before any work."""
-    if cfg.model:
-        model_cfg = load_config(cfg.model)[0]  # first: a folder that is not a Qwen3-MoE checkpoint says so
-        tok = load_tokenizer(cfg.model)
-        task = make_jsonl_task(cfg.task, tok, max_new_tokens=cfg.max_new_tokens or 1024)
-        eval_task = make_jsonl_task(cfg.eval_task, tok, max_new_tokens=task.max_new_tokens) if cfg.eval_task else None
-        check_fits([task, eval_task], model_cfg, cfg.max_new_tokens)
-        # collective under torchrun (broadcast load), so no rank writes below before every rank checked `out`
-        model, plain = load_policy(cfg.model, world=world, device=device, fsdp_param_dtype=cfg.fsdp_param_dtype,
-                                   activation_checkpointing=cfg.activation_checkpointing,
-                                   plain_copy=cfg.engine == "local")
-        V = model.cfg.vocab_size
-        if tok.tok.get_vocab_size() > V or max(*tok.eos_ids, tok.pad_id) >= V:
-            sys.exit(f"error: the tokenizer of {cfg.model} ({tok.tok.get_vocab_size()} tokens, EOS {tok.eos_ids}, "
-                     f"pad {tok.pad_id}) does not fit the model's vocab_size {V}")
-        heldout = []
-        if cfg.eval_every:
-            try:
-                heldout = heldout_examples(task, cfg.eval_prompts, eval_task=eval_task)
-            except ValueError as e:  # a small file whose hash split left no row for evaluation
-                print(f"warning: no held-out evaluation ({e}); pass --eval-task jsonl:FILE")
-        return Policy(model, make_rollout_engine(cfg, plain or model), plain, task, tok.eos_ids, tok.pad_id, heldout,
-                      None)
-    task = make_task(cfg.task)
-    model_cfg = preset_config(cfg.preset, task, dense=cfg.dense)
-    check_fits([task], model_cfg, cfg.max_new_tokens)  # before the warm-up caches weights for it
-    model, warm_path = warmed_up_model(model_cfg, task, cfg.task, steps=cfg.warmup_steps, seed=cfg.model_seed)
-    heldout = heldout_examples(task, cfg.eval_prompts) if cfg.eval_every else []
-    return Policy(model, make_rollout_engine(cfg, model), None, task, (EOS,), PAD, heldout, warm_path)
-
-
-def check_fits(tasks: list, model_cfg, max_new_tokens: int | None) -> None:
-    for task in tasks:
-        if task is not None:
-            try:
-                task.check_lengths(model_cfg.max_position_embeddings, max_new_tokens)
-            except ValueError as e:
-                sys.exit(f"error: {e}")
-
-
-def make_rollout_engine(cfg: TrainConfig, model):
-    """The in-process engine (a cast copy of `model`), or a client of an SGLang / vLLM server (`--engine`)."""
-    if cfg.engine == "local":
-        return Engine(model, cfg.rollout_dtype)
-    return make_engine(cfg.engine, model.cfg, wait=cfg.engine_wait, timeout=cfg.engine_timeout,
-                       weights_dir=cfg.weights_dir or os.path.join(cfg.out_dir(), "engine_weights"),
-                       weights_dtype=torch.float32 if cfg.rollout_dtype == "fp32" else torch.bfloat16)
-
-
-def read_disk_rollouts(cfg: TrainConfig, p: Policy, num_shards: int, lead: bool) -> list | None:
-    """--rollouts: every batch, validated against the model before any work (a run that refuses to start beats
-    one that silently trains without replay): every step folder whole (`load_rollouts`), sampled at --temperature by
-    the model this run starts from (meta.model_digest, unless --allow-other-model), cut into the --shards data shards
-    and into --mini-steps minibatches."""
-    if not cfg.rollouts:
-        return None
-    disk = load_rollouts(cfg.rollouts, p.model.cfg, require_routes=cfg.replay == "r3")
-    for b in disk:  # π_old must be scored on the engine's scale, or kl and the IS weights are silently wrong
-        if abs(float(b.meta.get("temperature", 1.0)) - cfg.temperature) > 1e-9:
-            sys.exit(f"error: {b.meta['source']} was sampled at temperature {b.meta.get('temperature')}, but "
-                     f"--temperature is {cfg.temperature}: pass the rollout's temperature")
-        try:
-            check_shardable(b, num_shards, b.meta["source"])
-        except ValueError as e:
-            sys.exit(f"error: {e}")
-        check_mini_steps(cfg.mini_steps, len(b) // num_shards, b.meta["source"], lead)
-    recorded = [b for b in disk if b.meta.get("model_digest")]
-    mine = model_digest(p.plain if p.plain is not None else p.model) if recorded else None
-    other = [b for b in recorded if b.meta["model_digest"] != mine]
-    if other:
-        b = other[0]
-        what = (f"{b.meta['source']} was sampled by another model ({b.meta.get('model', 'meta.model_digest')}; "
-                f"{len(other)} of {len(disk)} batches) than the one this run starts from")
-        if not cfg.allow_other_model:
-            sys.exit(f"error: {what}: pass the rollouts' --preset / --model / --task / --warmup-steps / --init-seed, "
-                     f"or --allow-other-model if you mean it")
-        if lead:
-            print(f"warning: {what} (--allow-other-model)")
-    if lead:
-        if len(recorded) < len(disk):
-            print(f"note: {len(disk) - len(recorded)} rollout batch(es) record no model (meta.model_digest), so "
-                  f"nothing checks that this model sampled them")
-        print(f"training on {len(disk)} rollout batch(es) from {cfg.rollouts}; the engine only serves val/kl")
-    return disk
 
 
 def resume(run: Run) -> int:

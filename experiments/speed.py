@@ -266,7 +266,9 @@ def bench_step(args, tmp: str) -> list[dict]:
             short, long = (timed_run(trees[name], f, n, tmp, f"{name}-{arm}-{n}-{rep}") for n in (S, L))
             phases = {k: (long["phases"][k] - short["phases"].get(k, 0.0)) / (L - S) for k in long["phases"]}
             res[name, arm].append(dict(step_s=(long["wall_s"] - short["wall_s"]) / (L - S), phases=phases,
-                                       cpu_step_s=(long["cpu_s"] - short["cpu_s"]) / (L - S), rows=long["rows"]))
+                                       cpu_step_s=(long["cpu_s"] - short["cpu_s"]) / (L - S), rows=long["rows"],
+                                       faults_step=(long.get("minor_faults", 0) - short.get("minor_faults", 0)) /
+                                       (L - S)))
     rows = []
     for arm in args.step_arms:
         b, h = res["base", arm], res["head", arm]
@@ -277,6 +279,8 @@ def bench_step(args, tmp: str) -> list[dict]:
         rows.append(dict(arm=arm, base=args.step_base, base_step_s=med(b), head_step_s=med(h),
                          speedup=med(b) / med(h), base_cpu_step_s=cpu(b), head_cpu_step_s=cpu(h),
                          cpu_speedup=cpu(b) / cpu(h), base_phases_s=phase(b), head_phases_s=phase(h),
+                         base_faults_step=statistics.median(r["faults_step"] for r in b),
+                         head_faults_step=statistics.median(r["faults_step"] for r in h),
                          base_runs_s=[r["step_s"] for r in b], head_runs_s=[r["step_s"] for r in h],
                          same_trajectory=same_trajectory(b[0]["rows"], h[0]["rows"]),
                          base_flags=" ".join(flags["base"]), head_flags=" ".join(flags["head"])))
@@ -317,9 +321,11 @@ def tables(res: dict) -> str:
                    f"medians of {res['config']['step_reps']}; above 1 is faster)\n")
         out.append(markdown_table(
             ["arm", f"{st[0]['base'][:8]} s/step", "HEAD s/step", "speed-up (wall)", "CPU s/step (base, HEAD)",
-             "speed-up (CPU)", "wall s/step of each run (base / HEAD)", "same trajectory"],
+             "speed-up (CPU)", "page faults / step (base, HEAD)", "wall s/step of each run (base / HEAD)",
+             "same trajectory"],
             [[r["arm"], f"{r['base_step_s']:.3f}", f"{r['head_step_s']:.3f}", f"{r['speedup']:.2f}x",
               f"{r['base_cpu_step_s']:.3f}, {r['head_cpu_step_s']:.3f}", f"{r['cpu_speedup']:.2f}x",
+              f"{r.get('base_faults_step', 0):.0f}, {r.get('head_faults_step', 0):.0f}",
               " ".join(f"{x:.3f}" for x in r["base_runs_s"]) + " / " + " ".join(f"{x:.3f}" for x in r["head_runs_s"]),
               "yes" if r["same_trajectory"] else "no"] for r in st]))
         names = sorted({k for r in st for k in (*r["base_phases_s"], *r["head_phases_s"])})

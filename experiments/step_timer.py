@@ -5,12 +5,13 @@
 TREE is a checkout (this one, or an older commit unpacked by speed.py): its `train.py` is imported and run from its
 root, so the same harness times today's code and an old commit's. Each of train.py's phase functions that exists in
 that checkout (PHASES) is wrapped in a timer; OUT.json gets the wall time of `train.main` and the seconds spent in
-each phase. Phases nest as train.py calls them (`update` holds every mini-step, `log_guard_checkpoint` holds
+each phase, and the process's minor page faults (r3/process.py). Phases nest as train.py calls them (`update` holds every mini-step, `log_guard_checkpoint` holds
 held-out evaluation, val/kl and checkpoints), so the phases are not summed. Start-up (imports, the warm-up load)
 is inside the wall time; speed.py cancels it by subtracting a short run from a long one.
 """
 import json
 import os
+import resource
 import sys
 import time
 
@@ -42,7 +43,8 @@ def main() -> None:
     train.main(argv)
     wall = time.perf_counter() - t0
     with open(out, "w") as f:
-        json.dump(dict(wall_s=wall, cpu_s=time.process_time(), phases=seconds), f)
+        json.dump(dict(wall_s=wall, cpu_s=time.process_time(), phases=seconds,
+                       minor_faults=resource.getrusage(resource.RUSAGE_SELF).ru_minflt), f)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,10 @@
 Why malloc: the toy's activations are tensors of 0.1-2 MB, allocated and freed hundreds of times per step. glibc
 serves blocks above its mmap threshold (128 KB at start) with fresh mmaps, and gives freed heap memory back to the
 OS once the free top of the heap passes its trim threshold, so the next tensor of that size touches new pages: a
-page fault (and a zeroed page) per 4 KB. Measured on the toy (80-token vocabulary), one thread: a forward+backward
-over 128 rows of 65 tokens takes ~4,900 minor page faults and ~13 % more CPU time than with the settings below
-(~170 faults); `python -m experiments.speed --sections step` times the whole headline step. `keep_freed_memory` raises the trim threshold and top pad, and pins the mmap threshold at its largest
-value (32 MB), so freed blocks stay in the heap for reuse. It changes where memory comes from, never a number: the
+page fault (and a zeroed page) per 4 KB, thousands per step. `keep_freed_memory` raises the trim threshold and top
+pad, and pins the mmap threshold at its largest value (32 MB), so freed blocks stay in the heap for reuse.
+`python -m experiments.speed --sections step` counts the minor page faults per headline step beside its time
+(docs/speed.md). It changes where memory comes from, never a number: the
 results are bit-identical. Linux with glibc only; elsewhere it does nothing.
 """
 import ctypes
