@@ -14,6 +14,7 @@ Every step runs four phases, each a function below, in this order:
 Every flag lives in `r3/config.py`. A real model: `--model PATH` (an HF Qwen3-MoE folder with tokenizer.json) with
 `--task jsonl:FILE`; under `torchrun --nproc_per_node=N` the trainer is sharded with FSDP2 and each rank samples its
 own data shards (`--shards`); rank 0 alone writes files. `--dry-run` prints the per-GPU memory plan and exits.
+What is loaded before step 0 (policy, engine, task, disk rollouts), and checked, is in `r3/launch.py`.
 """
 import copy
 import json
