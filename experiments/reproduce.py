@@ -104,6 +104,14 @@ REGISTRY = (
               ("*_ms", "skip", TIMING), ("*ratio", "skip", TIMING), ("*tok_s", "skip", TIMING),
               ("*speedup", "skip", TIMING), ("wall_s", "skip", WALL)),
               default="the configuration of the benchmark"),)),
+    Entry("speed_step", "results", ("speed_step.json", "speed_step.md"),
+          ("python -m experiments.speed --sections step --step-reps 2 --out {out}/speed_step.json",), wall_s=1840,
+          checks=(Check("speed_step.json", (
+              ("*_s", "skip", TIMING), ("*speedup", "skip", TIMING), ("*faults_step", "skip",
+               "page faults depend on the allocator's state and the machine"), ("*_phases_s*", "skip", TIMING),
+              ("*runs_s*", "skip", TIMING)), default="the configuration of the benchmark and whether the "
+                                                  "trajectories of the two commits are the same"),),
+          note="the headline step at f327f3e and at this checkout, alternated; measured with nothing else running"),
     Entry("collapse", "results/collapse", ("collapse.json", "collapse.md", "collapse.png", "fidelity.png",
                                            "phase.json", "phase.md", "phase.png"),
           ("python -m experiments.collapse --phase --out {out}",), wall_s=3983,
