@@ -46,6 +46,7 @@ COMMON = ("--preset toy --warmup-steps 40 --prompts-per-step 2 --group-size 8 --
 LENGTHS = (64, 256, 1024)
 STEPS = 200
 SEEDS = tuple(range(6))
+LEARN_STEPS = 300
 ARMS = {"fp8-router/none": ("fp8-router", "none", "none"), "fp8-router/r3": ("fp8-router", "r3", "none"),
         "fp32/none": ("fp32", "none", "none")}
 CONTROLS = {"fp8-router/none+mis": ("fp8-router", "none", "mis"), "fp8-router/none+tis": ("fp8-router", "none", "tis")}
@@ -143,38 +144,76 @@ def plot(done: dict, summ: dict, lengths, title: str, path: str) -> None:
 
 def sizing(args) -> None:
     """One fp8-router/none run of 3 steps per length: step 0 measures the mismatch, step 1 is a plain step, step 2
-    also evaluates (the last step); the cost of a grid run follows from the cadences in COMMON."""
-    lines = ["| T | plain step s | + mismatch s | + evaluation s | est. s per run of --steps | est. grid core-hours |",
-             "|---|---|---|---|---|---|"]
+    also evaluates (the last step); the cost of a grid run follows from the cadences in COMMON. Also the kl per
+    token at step 0 and the effective sample size it predicts for a response of the full length, exp(-2·kl·T), and
+    for the responses actually sampled, exp(-2·kl·mean length). Writes OUT/sizing.{json,md}."""
+    t0 = time.time()
+    lines = ["| T | plain step s | + mismatch s | + evaluation s | est. s per run of --steps | est. grid core-hours | "
+             "kl per token (step 0) | mean response length (step 0) | predicted ESS at T | at the mean length |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     flag = lambda name: int(args.common.split()[args.common.split().index(name) + 1])  # noqa: E731
-    total = 0.0
+    total, rows_out = 0.0, []
     for t in args.lengths:
         out, flags = cell_run(f"fp8-router/none/T{t}", 0, os.path.join(args.out, "sizing"), args.common)
         run_all([(out, [*flags, "--overwrite"], 3)], jobs=1, log_dir=os.path.join(args.out, "sizing", "logs"))
-        st = [r["step_time"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
+        rows = read_jsonl(os.path.join(out, "metrics.jsonl"))
+        st = [r["step_time"] for r in rows]
         per_run = args.steps * st[1] + args.steps / flag("--mismatch-every") * (st[0] - st[1]) \
             + args.steps / flag("--eval-every") * (st[2] - st[1])
         runs = len(args.seeds) * (len(ARMS) + (len(CONTROLS) if t == max(args.lengths) else 0))
         total += per_run * runs
+        kl, length = rows[0]["kl"], rows[0]["response_length"]
+        ess_t, ess_len = math.exp(-2 * kl * t), math.exp(-2 * kl * length)
+        rows_out.append(dict(length=t, step_times_s=st, est_run_s=per_run, runs=runs, kl=kl,
+                             response_length=length, var_log_w=rows[0]["seq_is/var_log_w"],
+                             ess_frac=rows[0]["seq_is/ess_frac"], predicted_ess_full=ess_t,
+                             predicted_ess_mean_length=ess_len))
         lines.append(f"| {t} | {st[1]:.2f} | {st[0] - st[1]:.2f} | {st[2] - st[1]:.2f} | {per_run:.0f} | "
-                     f"{per_run * runs / 3600:.1f} ({runs} runs) |")
-    print("\n".join(lines) + f"\n\ntotal: {total / 3600:.1f} core-hours, {total / 3600 / args.jobs:.1f} h wall "
-          f"at --jobs {args.jobs}")
+                     f"{per_run * runs / 3600:.1f} ({runs} runs) | {kl:.2e} | {length:.1f} | {ess_t:.0%} | "
+                     f"{ess_len:.0%} |")
+    kl0 = rows_out[0]["kl"]
+    need = math.log(5) / (2 * kl0)
+    md = "\n".join(lines) + (
+        f"\n\ntotal: {total / 3600:.1f} core-hours, {total / 3600 / args.jobs:.1f} h wall at --jobs {args.jobs} "
+        f"(step times of one run each, so the estimate is rough: a step costs what its longest response costs)."
+        f"\n\nAt the shortest length's kl ({kl0:.2e} per token), exp(-2·kl·T) <= 20 % needs responses of "
+        f"T >= {need:.0f} tokens.\n\nEvery run: `{args.common}` with `--task chain:T --replay none "
+        f"--rollout-dtype fp8-router --seed 0`, 3 steps; estimates for {args.steps} steps x {len(args.seeds)} seeds.")
+    print(md)
+    write_results(os.path.join(args.out, "sizing.json"),
+                  dict(lengths=list(args.lengths), steps=args.steps, seeds=list(args.seeds), common=args.common,
+                       rows=rows_out, est_core_hours=total / 3600, min_length_for_ess_20=need), t0=t0, md=md)
 
 
 def learnability(args) -> None:
-    """The oracle (fp32 engine, no replay), seed 0, 300 steps at each length: does the toy learn chain:T?"""
+    """The oracle (fp32 engine, no replay), seed 0, 300 steps at each length: does the toy learn chain:T?
+    Writes OUT/learnability.{json,md}."""
+    t0 = time.time()
     runs = [cell_run(f"fp32/none/T{t}", 0, os.path.join(args.out, "learn_runs"), args.common) for t in args.lengths]
-    run_all([(out, flags, 300) for out, flags in runs], jobs=args.jobs,
+    run_all([(out, flags, LEARN_STEPS) for out, flags in runs], jobs=args.jobs,
             log_dir=os.path.join(args.out, "learn_runs", "logs"))
-    lines = ["| T | reward, first 10 steps | reward, last 10 steps | held-out reward first / best / last |",
-             "|---|---|---|---|"]
+    lines = ["| T | reward, first 10 steps | reward, last 10 steps | held-out reward first / best / last | "
+             "mean response length, first / last 10 steps |", "|---|---|---|---|---|"]
+    rows_out = []
     for t, (out, _) in zip(args.lengths, runs):
         rows = read_jsonl(os.path.join(out, "metrics.jsonl"))
         ev = [r[ACC] for r in rows if r.get(ACC) is not None]
-        lines.append(f"| {t} | {_mean([r['reward'] for r in rows[:10]]):.3f} | "
-                     f"{_mean([r['reward'] for r in rows[-10:]]):.3f} | {ev[0]:.3f} / {max(ev):.3f} / {ev[-1]:.3f} |")
-    print("\n".join(lines))
+        d = dict(length=t, reward_first10=_mean([r["reward"] for r in rows[:10]]),
+                 reward_last10=_mean([r["reward"] for r in rows[-10:]]), heldout_first=ev[0], heldout_best=max(ev),
+                 heldout_last=ev[-1], length_first10=_mean([r["response_length"] for r in rows[:10]]),
+                 length_last10=_mean([r["response_length"] for r in rows[-10:]]))
+        rows_out.append(d)
+        lines.append(f"| {t} | {d['reward_first10']:.3f} | {d['reward_last10']:.3f} | {d['heldout_first']:.3f} / "
+                     f"{d['heldout_best']:.3f} / {d['heldout_last']:.3f} | {d['length_first10']:.1f} / "
+                     f"{d['length_last10']:.1f} |")
+    pending = [t for t in LENGTHS if t not in args.lengths]
+    md = "\n".join(lines) + (f"\n\nEvery run: `{args.common}` with `--task chain:T --replay none --rollout-dtype "
+                             f"fp32 --seed 0`, {LEARN_STEPS} steps; held-out metric `{ACC}`."
+                             + (f"\n\n**partial**: lengths {pending} of LENGTHS not run yet." if pending else ""))
+    print(md)
+    write_results(os.path.join(args.out, "learnability.json"),
+                  dict(lengths=list(args.lengths), steps=LEARN_STEPS, common=args.common, rows=rows_out,
+                       complete=not pending), t0=t0, md=md)
 
 
 def main(argv=None):
