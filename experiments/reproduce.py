@@ -137,11 +137,13 @@ REGISTRY = (
           checks=(Check("sizing.json", (("*step_times_s*", "skip", TIMING), ("*est_*", "skip", TIMING),
                                         ("wall_s", "skip", WALL)),
                         default="one seeded train.py process on one thread per length"),),
-          note="one 3-step fp8-router run per length (40-step warm-up each); the time estimates are rough"),
+          note="one 3-step fp8-router run per length (40-step warm-up each); the time estimates are rough; the runs were "
+               "made on the machine before 2026-12-02's (another CPU: see above), so this one will not match them exactly"),
     Entry("length_learnability", "results/length", ("learnability.json", "learnability.md"),
           ("python -m experiments.length --learnability --lengths 64 256 --jobs 1 --out {out}",), wall_s=900,
           checks=(Check("learnability.json", default="one seeded train.py process on one thread per length"),),
-          note="the oracle, 300 steps at T = 64 and 256; T = 1024 not run yet (partial)"),
+          note="the oracle, 300 steps at T = 64 and 256; T = 1024 not run yet (partial); made on the machine before "
+               "2026-12-02's (another CPU), so this one will not match it exactly"),
     Entry("earlier_qwen3_sort", "results/earlier/qwen3_sort",
           ("collapse.json", "collapse.md", "collapse.png", "fidelity.png", "phase.json", "phase.md", "phase.png",
            "toy_fp32_1000.metrics.jsonl", "toy_fp32_learning.md", "toy_fp32_learning.png"),
