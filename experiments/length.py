@@ -171,7 +171,7 @@ def sizing(args) -> None:
         lines.append(f"| {t} | {st[1]:.2f} | {st[0] - st[1]:.2f} | {st[2] - st[1]:.2f} | {per_run:.0f} | "
                      f"{per_run * runs / 3600:.1f} ({runs} runs) | {kl:.2e} | {length:.1f} | {ess_t:.0%} | "
                      f"{ess_len:.0%} |")
-    kl0 = rows_out[0]["kl"]
+    kl0 = min(rows_out, key=lambda r: r["length"])["kl"]
     need = math.log(5) / (2 * kl0)
     md = "\n".join(lines) + (
         f"\n\ntotal: {total / 3600:.1f} core-hours, {total / 3600 / args.jobs:.1f} h wall at --jobs {args.jobs} "
