@@ -10,6 +10,9 @@ times, above 1 is faster for tokens/s.
   generate  new tokens/s: our `Engine.generate` (KV cache, recording routes) vs transformers `generate()` (sampling,
             no early stop), bf16 and fp32
   scaling   train step time vs sequence length and batch, ours vs transformers
+  decode    one decode forward of the rollout engine (toy, chain:1024's positions), the kernels of
+            experiments.numerics `legacy()` (SDPA decode attention, grouped fp32 experts) against today's, by
+            engine dtype, rows and cached positions: what the engine's decode kernels bought
   step      the headline RL step (experiments.collapse HEADLINE flags, all their logging) at an older commit
             (--step-base) and at this checkout, alternated: marginal wall seconds per step on one thread (a
             --step-long run minus a --step-short one, so start-up cancels), where the time went (each train.py
@@ -19,10 +22,13 @@ the JSON records the fp32 logit max-abs difference of the two on the same tokens
 
     python -m experiments.speed [--quick] [--sections moe train generate scaling] [--out results/speed.json]
     python -m experiments.speed --sections step --out results/speed_step.json   # ~1 h on 2 shared cores
+    python -m experiments.speed --sections decode --out results/speed_decode.json   # ~1 min
     python -m experiments.speed --device cuda --sections moe --moe-tokens 8192 --moe-hidden 2048 \\
         --moe-inter 768 --moe-experts 128 --moe-dtypes bf16      # Qwen3-30B-A3B layer shapes on a GPU
 """
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -40,10 +46,11 @@ from transformers.utils import logging as hf_logging
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from experiments.common import fmt, markdown_table, write_results
+from experiments.numerics import legacy
 from r3.engine import Engine
 from r3.errors import run_main
 from r3.hf import save_pretrained
-from r3.model import PRESETS, ModelConfig, build_model
+from r3.model import PRESETS, KVCache, ModelConfig, build_model
 from r3.moe import MoE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -216,6 +223,36 @@ STEP_ARMS = {"none": ("none", "fp8-router"), "r3": ("r3", "fp8-router"), "oracle
 STEP_KEYS = ("reward", "loss", "grad_norm", "eval/accuracy")  # what "the same trajectory" compares, step by step
 
 
+DECODE_SHAPES = [("fp8-router", 16, 100), ("fp8-router", 16, 1000), ("fp8-router", 128, 40), ("fp32", 16, 100),
+                 ("fp32", 32, 100), ("fp32", 128, 40)]  # (engine dtype, rows, cached positions)
+
+
+def bench_decode(args, clock) -> list[dict]:
+    """One decode forward of the toy's engine copy with the old kernels and the new, alternated."""
+    cfg = dataclasses.replace(PRESETS["toy"], vocab_size=80, max_position_embeddings=1100)
+    model = build_model(cfg)
+    rows, n = [], 2 if args.quick else 20
+    shapes = DECODE_SHAPES[:1] if args.quick else DECODE_SHAPES
+    for dtype, B, S in shapes:
+        engine = Engine(model, dtype)
+        tok = torch.randint(0, cfg.vocab_size, (B, 1), generator=torch.Generator().manual_seed(0))
+        valid = torch.ones(B, 1, dtype=torch.bool)
+
+        def steps(old: bool):
+            def run():
+                cache = KVCache(cfg, B, S + n, engine.dtype)
+                cache.valid[:, :S] = True
+                cache.length = S
+                with torch.inference_mode(), (legacy() if old else contextlib.nullcontext()):
+                    for _ in range(n):
+                        engine.model(tok, valid_BT=valid, kv_cache=cache)
+            return run
+        t = interleaved(clock, {"old": steps(True), "new": steps(False)}, args.reps)
+        rows.append(dict(dtype=dtype, rows=B, cached=S, old_ms=t["old"] / n * 1e3, new_ms=t["new"] / n * 1e3,
+                         speedup=t["old"] / t["new"]))
+    return rows
+
+
 def checkout(commit: str, tmp: str) -> str:
     """`commit`'s tracked files unpacked into tmp/COMMIT (git archive): an old version to time beside this one."""
     path = os.path.join(tmp, commit)
@@ -314,6 +351,11 @@ def tables(res: dict) -> str:
             ["config", "batch", "dtype", "prompt", "new tokens", "ours tok/s", "transformers tok/s", "ours / tf"],
             [[r["config"], str(r["batch"]), r["dtype"], str(r["prompt_len"]), str(r["new_tokens"]),
               fmt(r["ours_tok_s"]), fmt(r["hf_tok_s"]), f"{r['speedup']:.2f}"] for r in res["generate"]]))
+    if res.get("decode"):
+        out.append("\n**Engine decode forward, old kernels vs new** (ms per forward; above 1 is faster)\n")
+        out.append(markdown_table(["engine", "rows", "cached positions", "old ms", "new ms", "speed-up"],
+                                  [[r["dtype"], str(r["rows"]), str(r["cached"]), fmt(r["old_ms"]), fmt(r["new_ms"]),
+                                    f"{r['speedup']:.2f}x"] for r in res["decode"]]))
     if res.get("step"):
         st = res["step"]
         out.append(f"\n**Headline RL step, marginal wall time per step** (steps {res['config']['step_short']} to "
@@ -341,8 +383,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 1 rep (CI smoke test), seconds")
     ap.add_argument("--sections", nargs="+", default=["moe", "train", "generate", "scaling"],
-                    choices=["moe", "train", "generate", "scaling", "step"], help="which measurements to run "
-                    "(step, the headline RL step against an older commit, is not in the default set: ~1 h)")
+                    choices=["moe", "train", "generate", "scaling", "step", "decode"], help="which measurements to "
+                    "run (step, the headline RL step against an older commit, is not in the default set: ~1 h)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                     help="model configs for train and generate")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES),
@@ -396,6 +438,8 @@ def main():
             res["generate"] = bench_generate(args, clock, dev, tmp)
         if "step" in args.sections:
             res["step"] = bench_step(args, tmp)
+        if "decode" in args.sections:
+            res["decode"] = bench_decode(args, clock)
         if "scaling" in args.sections:
             c = args.scaling_config
             shapes = [(c, 8, T) for T in args.scaling_seqs] + [(c, B, 64 if not args.quick else 8)

@@ -38,7 +38,8 @@ The pilot (2 cells x PILOT_LRS x 4 seeds) chooses LR by a rule fixed before it r
 fp8-router/none/n4 primary collapse count is closest to 2 of 4 (ties: the lower lr). Writes OUT/pilot.{md,json}.
 The grid writes OUT/grid.{json,md,png}: `cells` keyed ENGINE/ARM/nN, each with `collapsed` and `runs` (seed ->
 collapse_step, why, max_drawdown, best_heldout, final_heldout, max_grad_norm, mean_kl, ...), and `tests`.
-Runs live in OUT/runs (grid) and OUT/pilot_runs; finished runs whose flags match are reused, partial ones resumed.
+Runs live in OUT/runs, the pilot's too: a pilot run at the chosen lr is the grid's run of that cell and seed (same
+flags, same folder), so the grid reuses it. Finished runs whose flags match are reused, partial ones resumed.
 """
 import argparse
 import json
@@ -311,7 +312,7 @@ def plot(done: dict, cells: dict, title: str, path: str) -> None:
 def pilot(args, t0: float) -> None:
     done = {}
     for lr in args.pilot_lrs:
-        d = sweep(args, list(PILOT_CELLS), args.pilot_seeds, lr, os.path.join(args.out, "pilot_runs"))
+        d = sweep(args, list(PILOT_CELLS), args.pilot_seeds, lr, os.path.join(args.out, "runs"))
         done[lr] = summarize(d, list(PILOT_CELLS))
     lines = ["| lr | cell | collapsed (sustained) | collapse steps | collapsed (any dip) | max drawdowns | "
              "final held-out |", "|---|---|---|---|---|---|---|"]
@@ -382,7 +383,7 @@ def parse_args(argv=None):
     p.add_argument("--common", default=HEADLINE, help="train.py flags every cell shares (tests and probes only)")
     p.add_argument("--steps", type=int, default=STEPS, help="steps per run (tests and probes only)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
-    p.add_argument("--out", default="results/staleness", help="output folder (runs in OUT/runs, OUT/pilot_runs)")
+    p.add_argument("--out", default="results/staleness", help="output folder (runs in OUT/runs)")
     return p.parse_args(argv)
 
 

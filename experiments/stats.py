@@ -3,6 +3,7 @@
   fisher_exact(a, n_a, b, n_b)   two-sided p of Fisher's exact test: a of n_a runs collapsed against b of n_b
                                  (the sum of the hypergeometric probabilities no larger than the observed table's,
                                  SciPy's `fisher_exact` convention)
+  paired_permutation_test(diffs)  two-sided p of paired differences (sign flips), experiments/numerics.py
   permutation_test(xs, ys)       two-sided p of the difference in means of two samples: the fraction of the
                                  relabellings of the pooled values whose |mean difference| is at least the
                                  observed one; exact over every split up to EXACT_MAX splits, else Monte Carlo
@@ -47,4 +48,19 @@ def permutation_test(xs: list[float], ys: list[float], seed: int = 0) -> float:
         return sum(extreme(sum(pooled[i] for i in s)) for s in splits) / len(splits)
     rng = random.Random(seed)
     hits = sum(extreme(sum(rng.sample(pooled, n))) for _ in range(MC_DRAWS))
+    return (hits + 1) / (MC_DRAWS + 1)
+
+
+def paired_permutation_test(diffs: list[float], seed: int = 0) -> float:
+    """Two-sided p that paired differences are centred on 0: the fraction of the 2^n sign flips whose |mean| is at
+    least the observed one; exact up to EXACT_MAX flips, else Monte Carlo (MC_DRAWS draws, the observed counted)."""
+    if not diffs:
+        return 1.0
+    n, observed = len(diffs), abs(sum(diffs) / len(diffs))
+    if 2 ** n <= EXACT_MAX:
+        flips = itertools.product((1, -1), repeat=n)
+        return sum(abs(sum(s * d for s, d in zip(f, diffs))) / n >= observed - TOL for f in flips) / 2 ** n
+    rng = random.Random(seed)
+    hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) / n >= observed - TOL
+               for _ in range(MC_DRAWS))
     return (hits + 1) / (MC_DRAWS + 1)

@@ -101,12 +101,15 @@ class KVCache:
     Keeping routes beside K/V means any reuse of cached positions (a shared prompt, an earlier turn) reuses the
     routes recorded when those positions were computed, kept in step by construction. They are stored in the dtype
     the Batch keeps (`r3.routing.routes_dtype`: uint8 up to 256 experts), so the only cast is to int64 at replay.
+
+    K and V are computed in `dtype` (the engine's) and held in fp32, which represents every bf16 / fp16 value
+    exactly: `decode_attention` reads them without a cast each step, and a prefill chunk casts its slice back.
     """
 
     def __init__(self, cfg: ModelConfig, batch: int, max_len: int, dtype: torch.dtype, device="cpu"):
         shape = (cfg.num_hidden_layers, batch, cfg.num_key_value_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.zeros(shape, dtype=torch.float32, device=device)  # values of `dtype` (see above)
+        self.v = torch.zeros(shape, dtype=torch.float32, device=device)
         self.valid = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
         self.routes = None if cfg.dense else torch.zeros(
             batch, max_len, cfg.num_hidden_layers, cfg.num_experts_per_tok, dtype=routes_dtype(cfg.num_experts),
@@ -224,18 +227,38 @@ class Attention(nn.Module):
             assert start + T <= kv_cache.max_len, f"KV cache full: {start} + {T} > {kv_cache.max_len}"
             kv_cache.k[layer, :, :, start:start + T] = k
             kv_cache.v[layer, :, :, start:start + T] = v
-            k, v = kv_cache.k[layer, :, :, :start + T], kv_cache.v[layer, :, :, :start + T]  # views, no copy
+            k, v = kv_cache.k[layer, :, :, :start + T], kv_cache.v[layer, :, :, :start + T]  # fp32 views
+            if T == 1:  # decode: [B, H, 1, hd] -> [B, Hkv, H / Hkv, hd], one key-padding mask row for all of them
+                q = q.reshape(B, cfg.num_key_value_heads, -1, cfg.head_dim)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask) if q.dtype == torch.float32 \
+                    else decode_attention(q, k, v, mask)  # fp32: torch's kernel is the faster one
+                return self.o_proj(out.reshape(B, 1, -1))  # [B, Hkv, H / Hkv, hd] is already b t (h d) in memory
+            k, v = k.to(q.dtype), v.to(q.dtype)  # a prefill chunk: the cached values, exactly, in q's dtype
         if kv_out is not None:
             kv_out.append((k, v))
         if prefix is not None:
             k, v = torch.cat([prefix[0], k], 2), torch.cat([prefix[1], v], 2)
-        Hkv = cfg.num_key_value_heads
-        if T == 1:  # decode: [B, H, 1, hd] -> [B, Hkv, H / Hkv, hd], one key-padding mask row for all of them
-            out = F.scaled_dot_product_attention(q.reshape(B, Hkv, -1, cfg.head_dim), k, v, attn_mask=mask)
-            return self.o_proj(out.reshape(B, 1, -1))  # [B, Hkv, H / Hkv, hd] is already b t (h d) in memory
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         return self.o_proj(rearrange(out, "b h t d -> b t (h d)"))
+
+
+def decode_attention(q_BHGd: torch.Tensor, k_BHSd: torch.Tensor, v_BHSd: torch.Tensor,
+                     mask_B11S: torch.Tensor | None) -> torch.Tensor:
+    """One new position per row against the cache (the G query heads of a KV head as G rows), with a fused
+    attention kernel's numerics (FlashAttention's, and torch's CPU flash kernel's within one key block): q·k and the
+    softmax in fp32, the unnormalised probabilities rounded to q's dtype before P·V, P·V accumulated in fp32 and
+    divided by the softmax sum, the output rounded once to q's dtype. k, v: the cache's fp32 tensors (values of q's
+    dtype). For low-precision engines: SDPA's CPU kernel spends most of a bf16 decode step converting the cache
+    (4x slower at 1000 cached positions, docs/speed.md). tests/test_attention_fast.py checks it against SDPA."""
+    dtype = q_BHGd.dtype
+    s_BHGS = torch.matmul(q_BHGd.float() * q_BHGd.shape[-1] ** -0.5, k_BHSd.mT)
+    if mask_B11S is not None:
+        s_BHGS.masked_fill_(~mask_B11S, float("-inf"))
+    p_BHGS = s_BHGS.sub_(s_BHGS.amax(-1, keepdim=True)).exp_()
+    denom_BHG1 = p_BHGS.sum(-1, keepdim=True)
+    if dtype != torch.float32:
+        p_BHGS = p_BHGS.to(dtype).float()
+    return torch.matmul(p_BHGS, v_BHSd).div_(denom_BHG1).to(dtype)
 
 
 def attention_mask(valid_BT: torch.Tensor | None, kv_cache: KVCache | None, B: int, T: int, device):

@@ -177,17 +177,16 @@ def _grouped_mm_ok(x_PD: torch.Tensor, w_EOD: torch.Tensor) -> bool:
 # Most multiply-adds N·E·I·D per projection for which the engine's copy runs every expert on every token: at or below
 # it (decode steps; measured on one CPU thread: toy-wide at batch 64 is 1.3e7, qwen3-ratio at batch 8 is 2.5e7)
 # three large bf16 GEMMs beat the grouped path's E tiny ones and its bookkeeping, even at E/K times the flops
-# (qwen3-ratio at batch 64, 2.0e8, is a tie; a prefill is far above).
-ALL_EXPERTS_MAX_MACS = 2 ** 25
+# (qwen3-ratio at batch 64, 2.0e8, is a tie; a prefill is far above). In fp32 (MKL GEMMs, a quarter of bf16's rate
+# here) the break-even is lower: the toy's decode step is 25 % faster at batch 16 (2^19), 20 % at 32, 13 % slower at
+# 128 (2^22) (docs/speed.md).
+ALL_EXPERTS_MAX_MACS = {torch.bfloat16: 2 ** 25, torch.float32: 2 ** 20}
 
 
 def all_experts_is_cheaper(x_ND: torch.Tensor, w_EOD: torch.Tensor) -> bool:
-    """Only in bf16: on a CPU without native fp16, fp32 GEMMs (MKL) run at a quarter of bf16's rate (oneDNN) and
-    fp16 ones slower still, so E/K times the flops loses there (measured: 2-4x slower at batch 64)."""
-    if x_ND.dtype != torch.bfloat16:
-        return False
+    """bf16 and small fp32 batches; never fp16: on a CPU without native fp16 its GEMMs are slower still."""
     E, I2, D = w_EOD.shape
-    return x_ND.shape[0] * E * (I2 // 2) * D <= ALL_EXPERTS_MAX_MACS
+    return x_ND.shape[0] * E * (I2 // 2) * D <= ALL_EXPERTS_MAX_MACS.get(x_ND.dtype, -1)
 
 
 def experts_dense_reference(experts: Experts, x_ND: torch.Tensor, ids_NK: torch.Tensor,

@@ -1,10 +1,12 @@
 """What this proves: attention builds a mask only where padding or a cache needs one (none for an unpadded
 uncached forward, a key-padding row for one decoded position), the mask-free causal path equals the masked one,
-and KV-cache decode with query heads folded onto their KV head equals a full forward for MHA and wide GQA."""
+KV-cache decode with query heads folded onto their KV head equals a full forward for MHA and wide GQA, and the
+low-precision decode attention rounds as SDPA's fused kernel does (its unnormalised probabilities in q's dtype)."""
 import pytest
 import torch
+import torch.nn.functional as F
 
-from r3.model import KVCache, ModelConfig, attention_mask, build_model
+from r3.model import KVCache, ModelConfig, attention_mask, build_model, decode_attention
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=1,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)
@@ -46,3 +48,22 @@ def test_folded_decode_equals_full_forward(heads, kv_heads):
     steps += [model(ids[:, t:t + 1], valid_BT=valid[:, t:t + 1], kv_cache=cache)[0] for t in range(4, 10)]
     assert (torch.cat(steps, 1) - full)[valid].abs().max() < 1e-5
     assert torch.equal(cache.routes[:, :10].long()[valid], routes[valid])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("S", [5, 67, 300])
+def test_decode_attention_matches_sdpa(dtype, S):
+    """Within one rounding of the output; and closer to SDPA than the same sum with unrounded probabilities."""
+    g = torch.Generator().manual_seed(S)
+    q, k, v = (torch.randn(16, 2, n, 8, generator=g).to(dtype) for n in (2, S, S))
+    mask = torch.rand(16, 1, 1, S, generator=g) > 0.2
+    mask[..., -1] = True  # the new position sees itself
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = decode_attention(q, k.float(), v.float(), mask)
+    assert out.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out, ref, atol=2 * eps, rtol=2 * eps)
+    if dtype != torch.float32:
+        p = (q.float() @ k.float().mT / 8 ** 0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+        unrounded = (p @ v.float()).to(dtype)
+        assert (out == ref).float().mean() > (unrounded == ref).float().mean()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from experiments import staleness as S
-from experiments.stats import fisher_exact, permutation_test
+from experiments.stats import fisher_exact, paired_permutation_test, permutation_test
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
@@ -26,6 +26,9 @@ def test_fisher_and_permutation_exact():
     # [1, 2] vs [3, 4]: of the 6 splits only the observed one and its mirror reach |diff| = 2
     assert math.isclose(permutation_test([1, 2], [3, 4]), 2 / 6)
     assert permutation_test([1, 1, 1], [1, 1, 1]) == 1.0 and permutation_test([], [1.0]) == 1.0
+    # paired: 4 positive differences; of the 16 sign flips only all-plus and all-minus reach |mean| = 2.5
+    assert math.isclose(paired_permutation_test([1, 2, 3, 4]), 2 / 16)
+    assert paired_permutation_test([1, -1, 1, -1]) == 1.0 and paired_permutation_test([]) == 1.0
 
 
 def row(step, reward=0.5, acc=None, **kw):
