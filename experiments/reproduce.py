@@ -112,9 +112,23 @@ REGISTRY = (
               ("*runs_s*", "skip", TIMING)), default="the configuration of the benchmark and whether the "
                                                   "trajectories of the two commits are the same"),),
           note="the headline step at f327f3e and at this checkout, alternated; measured with nothing else running"),
+    Entry("speed_decode", "results", ("speed_decode.json", "speed_decode.md"),
+          ("python -m experiments.speed --sections decode --reps 15 --out {out}/speed_decode.json",), wall_s=60,
+          checks=(Check("speed_decode.json", (
+              ("*_ms", "skip", TIMING), ("*speedup", "skip", TIMING), ("wall_s", "skip", WALL)),
+              default="the configuration of the benchmark"),),
+          note="the engine's decode forward, old kernels against new; measured with nothing else running"),
+    Entry("numerics", "results", ("numerics.json", "numerics.md"),
+          ("python -m experiments.numerics --out {out}/numerics.json",), wall_s=600,
+          checks=(Check("numerics.json"),),
+          note="the mismatch under the engine's old and new decode kernels, paired; 123 s with the warm-ups cached "
+               "in .cache/warmup, several minutes more on a fresh clone"),
     Entry("collapse", "results/collapse", ("collapse.json", "collapse.md", "collapse.png", "fidelity.png",
                                            "phase.json", "phase.md", "phase.png"),
           ("python -m experiments.collapse --phase --out {out}",), wall_s=3983,
+          frozen="made before the engine's decode kernels changed (docs/speed.md): fp8-router runs at HEAD part "
+                 "ways from these by rounding (results/numerics.md: the fp8-router mismatch did not move), so "
+                 "HEAD cannot remake them bit for bit; the command still runs",
           checks=(Check("collapse.json", default="every run is one seeded train.py process on one thread"),
                   Check("phase.json", default="every run is one seeded train.py process on one thread")),
           note="15 runs x 400 steps + 10 x 200; the wall time was measured on 2 shared cores (uncontended ~35 min)"),
@@ -122,6 +136,9 @@ REGISTRY = (
                                                        "fidelity.png"),
           ("python -m experiments.collapse --seeds 0 1 --steps 1000 --runs-dir {out}/runs --out {out}",),
           wall_s=3000,
+          frozen="made before the engine's decode kernels changed (docs/speed.md): fp8-router runs at HEAD part "
+                 "ways from these by rounding (results/numerics.md: the fp8-router mismatch did not move), so "
+                 "HEAD cannot remake them bit for bit; the command still runs",
           checks=(Check("collapse.json", default="every run is one seeded train.py process on one thread; "
                                                  "a resumed run continues bit-identically"),),
           note="the committed runs were the 400-step runs of seeds 0 and 1 copied into {out}/runs and resumed; "
@@ -129,6 +146,9 @@ REGISTRY = (
                "400-step sweep's rate"),
     Entry("ablations", "results/ablations", ("ablations.json", "ablations.md", "ablations.png"),
           ("python -m experiments.ablations --runs-dir {out}/runs --out {out}",), wall_s=1827,
+          frozen="made before the engine's decode kernels changed (docs/speed.md): fp8-router runs at HEAD part "
+                 "ways from these by rounding (results/numerics.md: the fp8-router mismatch did not move), so "
+                 "HEAD cannot remake them bit for bit; the command still runs",
           checks=(Check("ablations.json", (("*wall*", "skip", WALL),),
                         default="every run is one seeded train.py process on one thread"),),
           note="8 arms x 2 seeds x 300 steps at fp8-router"),
@@ -140,10 +160,10 @@ REGISTRY = (
           note="one 3-step fp8-router run per length (40-step warm-up each); the time estimates are rough; the runs were "
                "made on the machine before 2026-12-02's (another CPU: see above), so this one will not match them exactly"),
     Entry("length_learnability", "results/length", ("learnability.json", "learnability.md"),
-          ("python -m experiments.length --learnability --lengths 64 256 --jobs 1 --out {out}",), wall_s=900,
+          ("python -m experiments.length --learnability --lengths 64 256 1024 --jobs 1 --out {out}",), wall_s=3922,
           checks=(Check("learnability.json", default="one seeded train.py process on one thread per length"),),
-          note="the oracle, 300 steps at T = 64 and 256; T = 1024 not run yet (partial); made on the machine before "
-               "2026-12-02's (another CPU), so this one will not match it exactly"),
+          note="the oracle, 300 steps at T = 64, 256 and 1024; the wall time was measured beside the staleness "
+               "pilot on 2 shared cores"),
     Entry("earlier_qwen3_sort", "results/earlier/qwen3_sort",
           ("collapse.json", "collapse.md", "collapse.png", "fidelity.png", "phase.json", "phase.md", "phase.png",
            "toy_fp32_1000.metrics.jsonl", "toy_fp32_learning.md", "toy_fp32_learning.png"),
