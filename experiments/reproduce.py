@@ -159,6 +159,11 @@ REGISTRY = (
                         default="one seeded train.py process on one thread per length"),),
           note="one 3-step fp8-router run per length (40-step warm-up each); the time estimates are rough; the runs were "
                "made on the machine before 2026-12-02's (another CPU: see above), so this one will not match them exactly"),
+    Entry("staleness_pilot", "results/staleness", ("pilot.json", "pilot.md"),
+          ("python -m experiments.staleness --pilot --pilot-lrs 5e-4 7e-4 3e-4 --jobs 2 --out {out}",), wall_s=8892,
+          checks=(Check("pilot.json", (("*commit", "skip", "the commit each run was made at"),),
+                        default="every run is one seeded train.py process on one thread"),),
+          note="2 cells x 3 lrs x 4 seeds x 1000 steps at fp32 and fp8-router; chose the grid's LR"),
     Entry("length_learnability", "results/length", ("learnability.json", "learnability.md"),
           ("python -m experiments.length --learnability --lengths 64 256 1024 --jobs 1 --out {out}",), wall_s=3922,
           checks=(Check("learnability.json", default="one seeded train.py process on one thread per length"),),
