@@ -16,7 +16,10 @@ Cells ENGINE/ARM/TL (every other flag COMMON, each arm one flag from its neighbo
   (--is-correction on w(y): drop the rows outside [1/C, C], or truncate w at C; C = 2).
 The rule is experiments.staleness's sustained-collapse rule with the held-out metric eval/reward (the fraction of
 answer positions right on held-out prompts: exact match of 64+ tokens is ~0 for every arm), fixed before any run.
-T* of an arm: the shortest length at which at least half its seeds collapse (None if none).
+Secondary rule (RELATIVE, added before any grid run, because the oracle's held-out reward at T = 1024 peaks near
+0.18 in 300 steps, so a fall of 0.3 cannot happen there and the primary rule can fire only on a non-finite loss):
+the same rule with "0.3 below its best / peak" read as "at most half its best / peak, once that is >= 0.1".
+T* of an arm: the shortest length at which at least half its seeds collapse (None if none), under each rule.
 Pre-registered prediction: T* for no replay < T* for R3 < T* for the oracle (no collapse); MIS and TIS stabilise
 no replay; the measured Var[log w] follows 2·kl·T. If nothing collapses at the longest length, the page says so,
 gives the measured ESS, and extrapolates from the measured Var[log w] the length where no replay's ESS < 5 %.
@@ -33,12 +36,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
-from experiments.staleness import RULE_TEXT, _mean, cell_table, run_summary, tests_table
+from experiments.staleness import RULE_TEXT, _mean, cell_table, run_summary, sustained_collapse, tests_table
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import is_done, run_all
 from r3.io import read_jsonl
 
 ACC = "eval/reward"
+RELATIVE = dict(relative=0.5, floor=0.1)  # the secondary rule: a fall to half the best (or peak), once that is >= 0.1
+RELATIVE_TEXT = "the same with a fall to at most half its best held-out reward / reward-EMA peak (once >= 0.1)"
 # The shared setting, fixed from the sizing and learnability measurements before the grid (docs/length.md):
 COMMON = ("--preset toy --warmup-steps 40 --prompts-per-step 2 --group-size 8 --mini-steps 1 --loss seq_is "
           "--old-logp engine --grad-clip inf --lr 3e-4 --eval-every 25 --eval-prompts 8 --eval-samples 2 "
@@ -68,6 +73,7 @@ def cell_run(cell: str, seed: int, runs_dir: str, common: str) -> tuple[str, lis
 
 def summary(out: str, rows: list[dict], T: int) -> dict:
     m = run_summary(out, rows, acc=ACC)
+    m["secondary_step"], m["secondary_why"] = sustained_collapse(rows, ACC, **RELATIVE)
     pairs = [(r["seq_is/var_log_w"], 2 * r["kl"] * r["response_length"]) for r in rows
              if r.get("kl") is not None and r.get("seq_is/var_log_w") is not None]
     m.update(length=T, mean_ess=_mean([r.get("seq_is/ess_frac") for r in rows]),
@@ -78,10 +84,10 @@ def summary(out: str, rows: list[dict], T: int) -> dict:
     return m
 
 
-def t_star(cells_summ: dict, arm: str, lengths) -> int | None:
+def t_star(cells_summ: dict, arm: str, lengths, key: str = "collapsed") -> int | None:
     for t in sorted(lengths):
         c = cells_summ.get(f"{arm}/T{t}")
-        if c and c["n"] and c["collapsed"] * 2 >= c["n"]:
+        if c and c["n"] and c[key] * 2 >= c["n"]:
             return t
     return None
 
@@ -99,6 +105,11 @@ def tests(summ: dict, lengths) -> list[dict]:
                                                                            cb["n"]),
                             effect=ca["collapsed"] / ca["n"] - cb["collapsed"] / cb["n"] if ca["n"] and cb["n"]
                             else None, counts=f"{ca['collapsed']}/{ca['n']} vs {cb['collapsed']}/{cb['n']}"))
+            res.append(dict(a=a, b=b, metric="collapsed_relative",
+                            p=fisher_exact(ca["secondary_collapsed"], ca["n"], cb["secondary_collapsed"], cb["n"]),
+                            effect=ca["secondary_collapsed"] / ca["n"] - cb["secondary_collapsed"] / cb["n"]
+                            if ca["n"] and cb["n"] else None,
+                            counts=f"{ca['secondary_collapsed']}/{ca['n']} vs {cb['secondary_collapsed']}/{cb['n']}"))
             res.append(dict(a=a, b=b, metric="max_drawdown", p=permutation_test(da, db),
                             effect=_mean(da) - _mean(db) if da and db else None,
                             counts=f"mean {fmt(_mean(da))} vs {fmt(_mean(db))}"))
@@ -232,10 +243,12 @@ def main(argv=None):
     if args.sizing or args.learnability:
         return sizing(args) if args.sizing else learnability(args)
     t0 = time.time()
-    print(f"rule (pre-registered): {RULE_TEXT}; held-out metric {ACC}; T* = shortest length where >= half the "
-          f"seeds collapse")
+    print(f"rule (pre-registered): {RULE_TEXT}; held-out metric {ACC}; secondary: {RELATIVE_TEXT}; T* = shortest "
+          f"length where >= half the seeds collapse")
     names, runs_dir = cells(args.lengths), os.path.join(args.out, "runs")
-    plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for s in args.seeds for c in names]
+    # shortest length first, seed-major within a length: a partial grid holds whole lengths, balanced across cells
+    plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for t in sorted(args.lengths) for s in args.seeds
+            for c in names if c.endswith(f"/T{t}")]
     if not args.report:
         run_all([(out, flags, args.steps) for _, _, out, flags in plan], jobs=args.jobs,
                 log_dir=os.path.join(runs_dir, "logs"))
@@ -247,10 +260,12 @@ def main(argv=None):
     for c in names:
         runs = {s: summary(o, rows, int(c.split("/T")[-1])) for s, (o, rows) in sorted(done.get(c, {}).items())}
         summ[c] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
-                       secondary_collapsed=0, alias_of=None, runs=runs)
+                       secondary_collapsed=sum(r["secondary_step"] is not None for r in runs.values()),
+                       alias_of=None, runs=runs)
     ts = tests(summ, args.lengths)
     complete = all(d["n"] == len(args.seeds) for d in summ.values())
     stars = {a: t_star(summ, a, args.lengths) for a in {**ARMS, **CONTROLS}}
+    stars_rel = {a: t_star(summ, a, args.lengths, "secondary_collapsed") for a in {**ARMS, **CONTROLS}}
     ess = ["| cell | mean ESS / rows | min ESS | measured Var[log w] | predicted 2·kl·T | largest log w |",
            "|---|---|---|---|---|---|"]
     for c, d in summ.items():
@@ -267,19 +282,21 @@ def main(argv=None):
                      if slope else "")
     status = "" if complete else f"**partial**: {sum(d['n'] for d in summ.values())} of {len(plan)} runs finished"
     md = "\n\n".join(x for x in [
-        f"Rule (fixed before any run): {RULE_TEXT}; held-out metric `{ACC}`.",
+        f"Rule (fixed before any run): {RULE_TEXT}; held-out metric `{ACC}`. Secondary (fixed before any grid "
+        f"run): {RELATIVE_TEXT}.",
         f"Every run: `{args.common} --steps {args.steps}` with `--task chain:T` and its cell's --replay, "
         f"--rollout-dtype, --is-correction; seeds {list(args.seeds)}.", status,
-        cell_table(summ, names), "\n".join(ess),
+        cell_table(summ, names, "relative"), "\n".join(ess),
         "T* (shortest length where >= half the seeds collapse): " + ", ".join(f"{a} {t}" for a, t in stars.items()),
+        "T* under the secondary (relative) rule: " + ", ".join(f"{a} {t}" for a, t in stars_rel.items()),
         extrapolation, "### Tests\n\n" + tests_table(ts)] if x)
     print(md)
     plot(done, summ, args.lengths, f"{args.common} --steps {args.steps}; {status or 'complete'}",
          os.path.join(args.out, "grid.png"))
     write_results(os.path.join(args.out, "grid.json"),
                   dict(steps=args.steps, lengths=list(args.lengths), seeds=list(args.seeds), rule=RULE_TEXT,
-                       heldout_metric=ACC, complete=complete, common=args.common, cells=summ, tests=ts,
-                       t_star=stars, var_log_w_per_token=slope), t0=t0, md=md)
+                       heldout_metric=ACC, secondary_rule=RELATIVE_TEXT, complete=complete, common=args.common,
+                       cells=summ, tests=ts, t_star=stars, t_star_relative=stars_rel, var_log_w_per_token=slope), t0=t0, md=md)
 
 
 if __name__ == "__main__":

@@ -146,13 +146,22 @@ def _mean(xs):
     return sum(xs) / len(xs) if xs else None
 
 
-def sustained_collapse(rows: list[dict], acc: str = "eval/accuracy") -> tuple[int | None, str | None]:
+def sustained_collapse(rows: list[dict], acc: str = "eval/accuracy",
+                       relative: float | None = None, floor: float = 0.1) -> tuple[int | None, str | None]:
     """RULE (primary) on one run's metrics rows: (first collapsed step, why) or (None, None). Each criterion gives
-    its first step; the earliest wins. `acc`: the held-out metric (experiments/length.py: eval/reward)."""
+    its first step; the earliest wins. `acc`: the held-out metric (experiments/length.py: eval/reward).
+    `relative` (experiments/length.py's secondary rule): a fall to at most (1 - relative) x the best held-out value
+    or the peak reward EMA, counted only once that best or peak is at least `floor`, instead of 0.3 below it."""
     found = []
     bad = [r["step"] for r in rows if not all(math.isfinite(r[k]) for k in ("loss", "grad_norm"))]
     if RULE["nonfinite"] and bad:
         found.append((bad[0], "nonfinite"))
+
+    def fell(value: float, top: float, drop: float) -> bool:
+        if relative is None:
+            return value <= top - drop
+        return top >= floor and value <= (1 - relative) * top
+
     ema, peak, low_since = None, -math.inf, None
     for i, r in enumerate(rows):
         d = RULE["reward_ema_decay"]
@@ -160,15 +169,15 @@ def sustained_collapse(rows: list[dict], acc: str = "eval/accuracy") -> tuple[in
         if i < RULE["peak_after_steps"]:
             continue
         peak = max(peak, ema)
-        low_since = None if ema > peak - RULE["reward_drop"] else r["step"] if low_since is None else low_since
+        low_since = (r["step"] if low_since is None else low_since) if fell(ema, peak, RULE["reward_drop"]) else None
         if low_since is not None and r["step"] - low_since + 1 >= RULE["reward_steps"]:
             found.append((low_since, "reward_drop"))
             break
     evals = [(r["step"], r[acc]) for r in rows if r.get(acc) is not None]
     best, streak = -math.inf, []
-    for j, (step, acc) in enumerate(evals):
-        best = max(best, acc)
-        streak = streak + [step] if acc <= best - RULE["heldout_drop"] else []
+    for j, (step, a) in enumerate(evals):
+        best = max(best, a)
+        streak = streak + [step] if fell(a, best, RULE["heldout_drop"]) else []
         if len(streak) >= RULE["heldout_consecutive"] or (streak and j == len(evals) - 1):
             found.append((streak[0], "heldout_drop"))
             break
@@ -251,8 +260,8 @@ def tests(cells: dict) -> list[dict]:
     return res
 
 
-def cell_table(cells: dict, names: list[str]) -> str:
-    lines = ["| cell | collapsed (sustained) | collapsed (any dip) | max drawdown: median [min, max] | "
+def cell_table(cells: dict, names: list[str], secondary: str = "any dip") -> str:
+    lines = [f"| cell | collapsed (sustained) | collapsed ({secondary}) | max drawdown: median [min, max] | "
              "best / final held-out (mean) | median max grad norm | mean kl | staleness flips | engine flips |",
              "|---" * 9 + "|"]
     for c in names:

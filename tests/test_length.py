@@ -50,7 +50,9 @@ def test_length_grid_end_to_end(tmp_path):
     assert 0 < run["mean_ess"] <= 1 and run["mean_var_log_w"] >= 0 and run["predicted_var_log_w"] >= 0
     assert set(data["t_star"]) == {"fp8-router/none", "fp8-router/r3", "fp32/none", "fp8-router/none+mis",
                                    "fp8-router/none+tis"}
-    assert {t["metric"] for t in data["tests"]} == {"collapsed", "max_drawdown"}
+    assert set(data["t_star_relative"]) == set(data["t_star"])
+    assert {t["metric"] for t in data["tests"]} == {"collapsed", "collapsed_relative", "max_drawdown"}
+    assert all("secondary_step" in r for c in data["cells"].values() for r in c["runs"].values())
     assert (tmp_path / "out" / "grid.png").stat().st_size > 10_000
     r = subprocess.run([*cmd, "--seeds", "0", "1", "--report"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, env=ENV)

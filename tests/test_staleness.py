@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from experiments import staleness as S
 from experiments.stats import fisher_exact, paired_permutation_test, permutation_test
 
@@ -51,6 +53,20 @@ def test_sustained_rule():
     assert S.max_drawdown(evals([0.2, 0.9, 0.5, 0.8])) == 0.9 - 0.5
 
 
+def test_relative_rule_sees_falls_the_absolute_one_cannot():
+    # a run that peaks at 0.18 (chain:1024's level) and falls to 0.05: 0.13 below its best, under 0.3
+    evals = lambda accs: [row(i, acc=a) for i, a in enumerate(accs)]  # noqa: E731
+    low = evals([0.10, 0.18, 0.06, 0.05, 0.05])
+    assert S.sustained_collapse(low) == (None, None)
+    assert S.sustained_collapse(low, relative=0.5) == (2, "heldout_drop")
+    assert S.sustained_collapse(evals([0.10, 0.18, 0.08, 0.15]), relative=0.5) == (None, None)  # one dip
+    assert S.sustained_collapse(evals([0.02, 0.08, 0.0, 0.0]), relative=0.5) == (None, None)  # best under the floor
+    high, fall = [row(s, 0.2) for s in range(20)], [row(s, 0.05) for s in range(20, 90)]
+    assert S.sustained_collapse(high + fall) == (None, None)
+    step, why = S.sustained_collapse(high + fall, relative=0.5)
+    assert why == "reward_drop" and step == 30  # EMA 0.05 + 0.15·0.9^k <= 0.1 from k = 11
+
+
 def test_cells_and_controls():
     cells = S.grid_cells()
     assert len({S.alias(c) for c in cells}) == 13 + 2 and S.alias("fp32/r2/n1") == "fp32/none/n1"
@@ -67,11 +83,16 @@ def test_cells_and_controls():
         assert val(fresh, k) == 4 * val(base, k)
 
 
+def test_grid_refuses_to_run_before_the_pilot_sets_lr(tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "LR", None)
+    with pytest.raises(SystemExit, match="LR is not set"):
+        S.grid(S.parse_args(["--seeds", "0", "--steps", "2", "--out", str(tmp_path)]), 0.0)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_grid_end_to_end(tmp_path):
     cmd = [sys.executable, "-m", "experiments.staleness", "--seeds", "0", "--steps", "2", "--common", TINY,
            "--out", "out"]
-    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=ENV)
-    assert r.returncode != 0 and "LR is not set" in r.stderr
     r = subprocess.run([*cmd, "--lr", "1e-3"], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "rule (pre-registered)" in r.stdout
