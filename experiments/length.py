@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt
 from experiments.common import fmt, write_results
 from experiments.staleness import RULE_TEXT, _mean, cell_table, run_summary, sustained_collapse, tests_table
 from experiments.stats import fisher_exact, permutation_test
-from experiments.sweep import is_done, run_all
+from experiments.sweep import finished, run_all
 from r3.io import read_jsonl
 
 ACC = "eval/reward"
@@ -72,8 +72,8 @@ def cell_run(cell: str, seed: int, runs_dir: str, common: str) -> tuple[str, lis
     return os.path.join(runs_dir, cell.replace("/", "-").replace("+", "-") + f"-s{seed}"), flags
 
 
-def summary(out: str, rows: list[dict], T: int) -> dict:
-    m = run_summary(out, rows, acc=ACC)
+def summary(commit: str | None, rows: list[dict], T: int) -> dict:
+    m = run_summary(commit, rows, acc=ACC)
     m["secondary_step"], m["secondary_why"] = sustained_collapse(rows, ACC, **RELATIVE)
     pairs = [(r["seq_is/var_log_w"], 2 * r["kl"] * r["response_length"]) for r in rows
              if r.get("kl") is not None and r.get("seq_is/var_log_w") is not None]
@@ -250,13 +250,14 @@ def main(argv=None):
     # shortest length first, seed-major within a length: a partial grid holds whole lengths, balanced across cells
     plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for t in sorted(args.lengths) for s in args.seeds
             for c in names if c.endswith(f"/T{t}")]
+    records = os.path.join(args.out, "records")  # committed: a fresh clone resumes and reports (experiments/sweep.py)
     if not args.report:
         run_all([(out, flags, args.steps) for _, _, out, flags in plan], jobs=args.jobs,
-                log_dir=os.path.join(runs_dir, "logs"))
+                log_dir=os.path.join(runs_dir, "logs"), records=records)
     done = {}
-    for c, s, out, _ in plan:
-        if is_done(out, args.steps):
-            done.setdefault(c, {})[s] = (out, read_jsonl(os.path.join(out, "metrics.jsonl")))
+    for c, s, out, flags in plan:
+        if (rec := finished(out, flags, args.steps, records)) is not None:
+            done.setdefault(c, {})[s] = (rec[0]["commit"], rec[1])
     summ = {}
     for c in names:
         runs = {s: summary(o, rows, int(c.split("/T")[-1])) for s, (o, rows) in sorted(done.get(c, {}).items())}

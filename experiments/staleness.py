@@ -42,10 +42,8 @@ Runs live in OUT/runs, the pilot's too: a pilot run at the chosen lr is the grid
 flags, same folder), so the grid reuses it. Finished runs whose flags match are reused, partial ones resumed.
 """
 import argparse
-import json
 import math
 import os
-import re
 import time
 
 import matplotlib
@@ -56,9 +54,7 @@ import matplotlib.pyplot as plt
 from experiments.collapse import HEADLINE, collapse_step, with_lr
 from experiments.common import fmt, write_results
 from experiments.stats import fisher_exact, permutation_test
-from experiments.sweep import is_done, run_all
-from r3.guard import ema_series
-from r3.io import read_jsonl
+from experiments.sweep import finished, run_all
 
 RULE = dict(heldout_drop=0.3, heldout_consecutive=2, reward_ema_decay=0.9, reward_drop=0.3, reward_steps=50,
             peak_after_steps=5, nonfinite=True)
@@ -193,14 +189,13 @@ def max_drawdown(rows: list[dict], acc: str = "eval/accuracy") -> float | None:
     return dd if accs else None
 
 
-def run_summary(out: str, rows: list[dict], k: int = 1, acc: str = "eval/accuracy") -> dict:
+def run_summary(commit: str | None, rows: list[dict], k: int = 1, acc: str = "eval/accuracy") -> dict:
+    """One run's row of the tables, from its metrics rows (k: the block size, n1fresh 4) and the commit it ran at."""
     b = blocks(rows, k)
     step, why = sustained_collapse(b, acc)
     step2, why2 = collapse_step(b) if acc == "eval/accuracy" else (None, None)
     accs = [r[acc] for r in b if r.get(acc) is not None]
     finite = [r["grad_norm"] for r in rows if math.isfinite(r["grad_norm"])]
-    prov = os.path.join(out, "provenance.json")
-    commit = json.load(open(prov)).get("commit") if os.path.exists(prov) else None
     return dict(collapse_step=step, why=why, secondary_step=step2, secondary_why=why2,
                 max_drawdown=max_drawdown(b, acc),
                 best_heldout=max(accs, default=None), final_heldout=accs[-1] if accs else None,
@@ -213,18 +208,19 @@ def run_summary(out: str, rows: list[dict], k: int = 1, acc: str = "eval/accurac
 
 def sweep(args, cells: list[str], seeds, lr: float, runs_dir: str) -> dict:
     """Run (or, without `launch`, only read) every (cell, seed), seed-major so a partial grid is balanced.
-    Returns {cell: {seed: (out, rows, block size, samples per step)}} for finished runs."""
+    Returns {cell: {seed: (commit, rows, block size, samples per step)}} for finished runs, read from their
+    records (OUT/records, committed; experiments/sweep.py), so a fresh clone resumes and reports the grid."""
+    records = os.path.join(os.path.dirname(runs_dir), "records")
     plan = [(c, s, *cell_run(c, s, lr, runs_dir, args.common, args.steps)) for s in seeds for c in cells
             if alias(c) == c]
     if not args.report:
         run_all([(out, flags, steps) for _, _, out, flags, steps in plan], jobs=args.jobs,
-                log_dir=os.path.join(runs_dir, "logs"))
+                log_dir=os.path.join(runs_dir, "logs"), records=records)
     done = {}
     for c, s, out, flags, steps in plan:
-        if is_done(out, steps):
+        if (rec := finished(out, flags, steps, records)) is not None:
             samples = int(flag_value(flags, "--prompts-per-step", "16")) * int(flag_value(flags, "--group-size", "8"))
-            done.setdefault(c, {})[s] = (out, read_jsonl(os.path.join(out, "metrics.jsonl")),
-                                         FRESH if c.endswith("fresh") else 1, samples)
+            done.setdefault(c, {})[s] = (rec[0]["commit"], rec[1], FRESH if c.endswith("fresh") else 1, samples)
     for c in cells:  # aliased cells read their twin's runs
         if alias(c) != c and alias(c) in done:
             done[c] = done[alias(c)]

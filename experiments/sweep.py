@@ -4,7 +4,14 @@ Used by experiments/collapse.py and experiments/ablations.py. Every arm is one `
 ablation share every flag but the one under study. A sweep resumes: finished runs are skipped, partial ones are
 continued with `--resume` (which is bit-identical on CPU). The same flags with a larger --steps extend finished runs to
 the longer horizon; any other change of flags is refused.
+
+Records: a run folder holds checkpoints (megabytes) and is not committed, so a finished run also leaves a record,
+RECORDS/NAME.jsonl.gz (a header line with its flags, done.json and commit, then its metrics rows with floats to 7
+significant digits, `step_time` dropped; about 50 KB per 1000 steps). A grid passes `records=` to `run_all` and
+reads its runs with `finished`: a run whose record matches its flags counts as finished without its folder, so a
+committed grid resumes in a fresh clone, and its tables are made from the records alone.
 """
+import gzip
 import json
 import os
 import subprocess
@@ -14,6 +21,7 @@ import time
 from tqdm import tqdm
 
 from r3.guard import ema_series
+from r3.io import atomic_write, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLAPSE_SYMPTOMS = ("reward_drop", "nonfinite")  # what counts as a collapse in tables (others are precursors)
@@ -45,11 +53,94 @@ def is_done(out: str, steps: int) -> bool:
     return done["stopped_on"] is not None or done["steps"] >= steps
 
 
-def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_dir: str) -> None:
+RECORD_VERSION = 1
+RECORD_DROP = ("step_time",)  # wall time: not a function of the flags, and it would make records differ run to run
+
+
+def _round(x):
+    if isinstance(x, float):
+        return float(f"{x:.7g}")
+    if isinstance(x, list):
+        return [_round(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _round(v) for k, v in x.items()}
+    return x
+
+
+def record_path(out: str, records: str) -> str:
+    return os.path.join(records, os.path.basename(out.rstrip(os.sep)) + ".jsonl.gz")
+
+
+def write_record(out: str, records: str) -> str:
+    """The record of the finished run folder `out` (its sweep_flags.json, done.json, commit and metrics), written
+    atomically; gzip without a time stamp, so the same run makes the same bytes."""
+    def load(name):
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    prov = load("provenance.json") if os.path.exists(os.path.join(out, "provenance.json")) else {}
+    head = dict(record=RECORD_VERSION, name=os.path.basename(out.rstrip(os.sep)), flags=load("sweep_flags.json"),
+                done=load("done.json"), commit=prov.get("commit"))
+    rows = [_round({k: v for k, v in r.items() if k not in RECORD_DROP})
+            for r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
+    text = "\n".join(json.dumps(x) for x in [head, *rows]) + "\n"
+    path = record_path(out, records)
+    os.makedirs(records, exist_ok=True)
+
+    def write(tmp):
+        with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as g:
+            g.write(text.encode())
+    atomic_write(path, write)
+    return path
+
+
+def read_record(path: str) -> tuple[dict, list[dict]]:
+    """(header, metrics rows) of a record; a damaged file raises ValueError naming it."""
+    try:
+        with gzip.open(path, "rt") as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+        if not lines or lines[0].get("record") != RECORD_VERSION:
+            raise ValueError("no record header")
+    except (OSError, EOFError, ValueError) as e:
+        raise ValueError(f"{path}: not a readable run record ({e}); delete it to rerun that run") from None
+    return lines[0], lines[1:]
+
+
+def _record_done(head: dict, args: list[str], steps: int) -> bool:
+    """The record is of this command line and reached `steps` (or stopped early on a collapse guard)."""
+    old = head["flags"]
+    if old[:-1] != [*args, "--steps"]:
+        return False
+    return head["done"]["stopped_on"] is not None or head["done"]["steps"] >= steps
+
+
+def finished(out: str, args: list[str], steps: int, records: str) -> tuple[dict, list[dict]] | None:
+    """(header, rows) of a finished run: from its record, else from its finished folder (which then gets its
+    record); None when neither has finished. A record made with other flags raises, like a run folder."""
+    path = record_path(out, records)
+    if os.path.exists(path):
+        head, rows = read_record(path)
+        if head["flags"][:-1] != [*args, "--steps"]:
+            raise RuntimeError(f"{path} was run with different flags:\n  {' '.join(head['flags'])}\nnot\n  "
+                               f"{' '.join(args)} --steps {steps}\nremove it to rerun that run")
+        if _record_done(head, args, steps):
+            return head, rows
+    if os.path.exists(os.path.join(out, "sweep_flags.json")) and is_done(out, steps):
+        with open(os.path.join(out, "sweep_flags.json")) as f:
+            if json.load(f)[:-1] == [*args, "--steps"]:
+                return read_record(write_record(out, records))
+    return None
+
+
+def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_dir: str,
+            records: str | None = None) -> None:
     """runs: (out_dir, train.py args without --out) pairs, run for `steps`, or (out_dir, args, steps) triples.
-    Runs up to `jobs` at once; a failed run raises."""
+    Runs up to `jobs` at once; a failed run raises. With `records` (a folder), a run whose record is finished
+    is skipped, and every run that finishes leaves its record there."""
     os.makedirs(log_dir, exist_ok=True)
     runs = [(r[0], r[1], r[2] if len(r) > 2 else steps) for r in runs]
+    total = len(runs)
+    if records is not None:
+        runs = [(out, args, n) for out, args, n in runs if finished(out, args, n, records) is None]
     for out, args, n in runs:  # a run folder is reused only by the exact same command line
         flags_path = os.path.join(out, "sweep_flags.json")
         if os.path.exists(flags_path):
@@ -66,9 +157,9 @@ def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_d
             with open(flags_path, "w") as f:
                 json.dump([*args, "--steps", str(n)], f)
     todo = [(out, args, n) for out, args, n in runs if not is_done(out, n)]
-    skipped = len(runs) - len(todo)
+    skipped = total - len(todo)
     if skipped:
-        print(f"{skipped} of {len(runs)} runs already finished; skipping them")
+        print(f"{skipped} of {total} runs already finished; skipping them")
     running: list[tuple[subprocess.Popen, str, object]] = []
     bar = tqdm(total=len(todo), desc="runs")
     while todo or running:
@@ -89,6 +180,8 @@ def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_d
                     for q, _, _ in running:
                         q.kill()
                     raise RuntimeError(f"run {out} failed (exit {p.returncode}); see {log.name}")
+                if records is not None:
+                    write_record(out, records)
     bar.close()
 
 

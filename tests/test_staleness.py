@@ -1,17 +1,21 @@
 """What this proves: the staleness grid's statistics are exact (Fisher's test and the permutation test against
 hand-computed values), its pre-registered sustained-collapse rule fires on sustained falls and not on single dips,
 its n1fresh controls keep N = 4's samples and optimizer steps, neighbouring cells differ in one flag, and the grid
-runs end to end at a tiny size (every cell, aliases, tests, figure), refuses to run without a chosen LR, and
-reports a partial grid as partial."""
+runs end to end at a tiny size (every cell, aliases, tests, figure), refuses to run without a chosen LR, reports
+a partial grid as partial, and makes the same tables from its committed run records alone (no run folders): a
+record round-trips its run's metrics, is byte-identical when remade, refuses other flags, and a damaged one is
+named in one clear error."""
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from experiments import staleness as S
+from experiments import sweep as W
 from experiments.stats import fisher_exact, paired_permutation_test, permutation_test
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,7 +113,46 @@ def test_grid_end_to_end(tmp_path):
     assert {t["metric"] for t in data["tests"]} == {"collapsed", "max_drawdown"}
     assert all(0 < t["p"] <= 1 for t in data["tests"])
     assert (tmp_path / "out" / "grid.png").stat().st_size > 10_000
+    records = sorted((tmp_path / "out" / "records").iterdir())
+    assert len(records) == len({S.alias(c) for c in S.grid_cells()})  # one per distinct run
+    shutil.rmtree(tmp_path / "out" / "runs")  # a fresh clone has only the committed records
+    r = subprocess.run([*cmd, "--lr", "1e-3", "--report"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = json.loads((tmp_path / "out" / "grid.json").read_text())
+    assert again["complete"] and again["cells"] == data["cells"] and again["tests"] == data["tests"]
     r = subprocess.run([*cmd, "--lr", "1e-3", "--seeds", "0", "1", "--report"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=300, env=ENV)  # seed 1 never ran: a partial grid, said so
     assert r.returncode == 0 and "**partial**" in r.stdout
     assert not json.loads((tmp_path / "out" / "grid.json").read_text())["complete"]
+
+
+def fake_run(out, flags, rows, steps=3):
+    out.mkdir(parents=True)
+    (out / "sweep_flags.json").write_text(json.dumps([*flags, "--steps", str(steps)]))
+    (out / "done.json").write_text(json.dumps(dict(steps=steps, stopped_on=None)))
+    (out / "provenance.json").write_text(json.dumps(dict(commit="abc123")))
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_run_records(tmp_path):
+    rows = [dict(step=i, reward=1 / 3 + i, loss=0.1 * i, step_time=1.0 + i, symptoms=[]) for i in range(3)]
+    flags = ["--seed", "0", "--lr", "3e-4"]
+    fake_run(tmp_path / "runs" / "a-s0", flags, rows)
+    records = str(tmp_path / "records")
+    head, got = W.finished(str(tmp_path / "runs" / "a-s0"), flags, 3, records)  # the folder is done: recorded
+    assert head["commit"] == "abc123" and head["flags"] == [*flags, "--steps", "3"]
+    assert [r["step"] for r in got] == [0, 1, 2] and all("step_time" not in r for r in got)
+    assert [r["reward"] for r in got] == pytest.approx([r["reward"] for r in rows], rel=1e-6)
+    path = W.record_path(str(tmp_path / "runs" / "a-s0"), records)
+    first = open(path, "rb").read()
+    W.write_record(str(tmp_path / "runs" / "a-s0"), records)
+    assert open(path, "rb").read() == first  # the same run makes the same bytes
+    shutil.rmtree(tmp_path / "runs")
+    assert W.finished(str(tmp_path / "runs" / "a-s0"), flags, 3, records)[1] == got  # the record alone
+    assert W.finished(str(tmp_path / "runs" / "a-s0"), flags, 4, records) is None  # not that far: rerun
+    with pytest.raises(RuntimeError, match="different flags"):
+        W.finished(str(tmp_path / "runs" / "a-s0"), ["--seed", "1", "--lr", "3e-4"], 3, records)
+    open(path, "wb").write(first[: len(first) // 2])
+    with pytest.raises(ValueError, match="a-s0.jsonl.gz: not a readable run record"):
+        W.finished(str(tmp_path / "runs" / "a-s0"), flags, 3, records)
