@@ -111,7 +111,9 @@ REGISTRY = (
                "page faults depend on the allocator's state and the machine"), ("*_phases_s*", "skip", TIMING),
               ("*runs_s*", "skip", TIMING)), default="the configuration of the benchmark and whether the "
                                                   "trajectories of the two commits are the same"),),
-          note="the headline step at f327f3e and at this checkout, alternated; measured with nothing else running"),
+          note="the headline step at f327f3e and at this checkout, alternated; the committed run (b371e5f) shared "
+               "the 2 cores with three training runs (wall 3789 s, each step's wall ~2x its CPU time); alone it "
+               "takes about 1840 s"),
     Entry("speed_decode", "results", ("speed_decode.json", "speed_decode.md"),
           ("python -m experiments.speed --sections decode --reps 15 --out {out}/speed_decode.json",), wall_s=60,
           checks=(Check("speed_decode.json", (
