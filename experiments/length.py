@@ -23,7 +23,8 @@ T* of an arm: the shortest length at which at least half its seeds collapse (Non
 Pre-registered prediction: T* for no replay < T* for R3 < T* for the oracle (no collapse); MIS and TIS stabilise
 no replay; the measured Var[log w] follows 2·kl·T. If nothing collapses at the longest length, the page says so,
 gives the measured ESS, and extrapolates from the measured Var[log w] the length where no replay's ESS < 5 %.
-Writes OUT/grid.{json,md,png} in experiments.staleness's layout (cells with `collapsed` and per-seed runs; tests).
+Writes OUT/grid.{json,md,png} in experiments.staleness's layout (cells with `collapsed` and per-seed runs; tests),
+from the finished runs' records in OUT/records (committed with the tables; a fresh clone resumes, as there).
 """
 import argparse
 import math
@@ -239,6 +240,8 @@ def main(argv=None):
     p.add_argument("--common", default=COMMON, help="train.py flags every cell shares (tests and probes only)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     p.add_argument("--out", default="results/length", help="output folder (runs in OUT/runs)")
+    p.add_argument("--records", default=None, help="run records folder (default OUT/records; with --report, tables "
+                                                   "from records made elsewhere, e.g. the committed ones)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.sizing or args.learnability:
@@ -250,7 +253,7 @@ def main(argv=None):
     # shortest length first, seed-major within a length: a partial grid holds whole lengths, balanced across cells
     plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for t in sorted(args.lengths) for s in args.seeds
             for c in names if c.endswith(f"/T{t}")]
-    records = os.path.join(args.out, "records")  # committed: a fresh clone resumes and reports (experiments/sweep.py)
+    records = args.records or os.path.join(args.out, "records")  # committed: a fresh clone resumes and reports
     if not args.report:
         run_all([(out, flags, args.steps) for _, _, out, flags in plan], jobs=args.jobs,
                 log_dir=os.path.join(runs_dir, "logs"), records=records)

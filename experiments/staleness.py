@@ -40,6 +40,8 @@ The grid writes OUT/grid.{json,md,png}: `cells` keyed ENGINE/ARM/nN, each with `
 collapse_step, why, max_drawdown, best_heldout, final_heldout, max_grad_norm, mean_kl, ...), and `tests`.
 Runs live in OUT/runs, the pilot's too: a pilot run at the chosen lr is the grid's run of that cell and seed (same
 flags, same folder), so the grid reuses it. Finished runs whose flags match are reused, partial ones resumed.
+Each finished run leaves a record in OUT/records (experiments/sweep.py), committed with the tables, which are made
+from the records alone: a fresh clone resumes the grid and `--report` remakes the tables without the run folders.
 """
 import argparse
 import math
@@ -210,7 +212,7 @@ def sweep(args, cells: list[str], seeds, lr: float, runs_dir: str) -> dict:
     """Run (or, without `launch`, only read) every (cell, seed), seed-major so a partial grid is balanced.
     Returns {cell: {seed: (commit, rows, block size, samples per step)}} for finished runs, read from their
     records (OUT/records, committed; experiments/sweep.py), so a fresh clone resumes and reports the grid."""
-    records = os.path.join(os.path.dirname(runs_dir), "records")
+    records = args.records or os.path.join(os.path.dirname(runs_dir), "records")
     plan = [(c, s, *cell_run(c, s, lr, runs_dir, args.common, args.steps)) for s in seeds for c in cells
             if alias(c) == c]
     if not args.report:
@@ -392,6 +394,8 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=STEPS, help="steps per run (tests and probes only)")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     p.add_argument("--out", default="results/staleness", help="output folder (runs in OUT/runs)")
+    p.add_argument("--records", default=None, help="run records folder (default OUT/records; with --report, tables "
+                                                   "from records made elsewhere, e.g. the committed ones)")
     return p.parse_args(argv)
 
 

@@ -23,8 +23,11 @@ def committed_results() -> list[str]:
 
 
 def owners(path: str) -> list[str]:
-    return [e.name for e in REGISTRY for pattern in e.files
-            if os.path.dirname(path) == e.out and fnmatch.fnmatch(os.path.basename(path), pattern)]
+    """Entries whose file patterns (relative to their folder, at the same depth: `*` never crosses a `/`) match."""
+    def match(e, pattern):
+        rel = os.path.relpath(path, e.out)
+        return not rel.startswith("..") and rel.count("/") == pattern.count("/") and fnmatch.fnmatch(rel, pattern)
+    return [e.name for e in REGISTRY for pattern in e.files if match(e, pattern)]
 
 
 def test_every_committed_results_file_has_exactly_one_entry():
