@@ -99,7 +99,7 @@ def tests(summ: dict, lengths) -> list[dict]:
     pairs = [(a.format(T=t), b.format(T=t)) for t in lengths for a, b in PAIRS]
     pairs += [(f"fp8-router/none/T{max(lengths)}", f"{c}/T{max(lengths)}") for c in CONTROLS]
     for a, b in pairs:
-        if a in summ and b in summ:
+        if a in summ and b in summ and summ[a]["n"] and summ[b]["n"]:  # a partial grid: only cells with runs
             ca, cb = summ[a], summ[b]
             da, db = ([r["max_drawdown"] for r in c["runs"].values() if r["max_drawdown"] is not None]
                       for c in (ca, cb))
