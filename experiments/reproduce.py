@@ -166,11 +166,29 @@ REGISTRY = (
           checks=(Check("pilot.json", (("*commit", "skip", "the commit each run was made at"),),
                         default="every run is one seeded train.py process on one thread"),),
           note="2 cells x 3 lrs x 4 seeds x 1000 steps at fp32 and fp8-router; chose the grid's LR"),
+    Entry("staleness_grid", "results/staleness", ("grid.json", "grid.md", "grid.png", "records/*.jsonl.gz"),
+          ("python -m experiments.staleness --jobs 2 --out {out}",), wall_s=54000,
+          check_commands=("python -m experiments.staleness --report --records results/staleness/records "
+                          "--out {out}",), check_wall_s=15, quick=True,
+          checks=(Check("grid.json", default="the tables are a function of the committed run records"),),
+          note="13 cells and 2 controls x 8 seeds x 1000 steps, one record per finished run (records/); PARTIAL "
+               "until grid.json says complete: `--report` rewrites the tables from the runs finished so far and "
+               "the command resumes the rest. The check remakes the tables from the committed records (the runs "
+               "themselves take about 30 core-hours: 13-25 min each on one thread)"),
     Entry("length_learnability", "results/length", ("learnability.json", "learnability.md"),
           ("python -m experiments.length --learnability --lengths 64 256 1024 --jobs 1 --out {out}",), wall_s=3922,
           checks=(Check("learnability.json", default="one seeded train.py process on one thread per length"),),
           note="the oracle, 300 steps at T = 64, 256 and 1024; the wall time was measured beside the staleness "
                "pilot on 2 shared cores"),
+    Entry("length_grid", "results/length", ("grid.json", "grid.md", "grid.png", "records/*.jsonl.gz"),
+          ("python -m experiments.length --jobs 2 --out {out}",), wall_s=28800,
+          check_commands=("python -m experiments.length --report --records results/length/records --out {out}",),
+          check_wall_s=15, quick=True,
+          checks=(Check("grid.json", default="the tables are a function of the committed run records"),),
+          note="3 cells x 3 lengths + 2 controls at T = 1024, x 6 seeds x 200 steps, one record per finished run; "
+               "PARTIAL until grid.json says complete (shortest length first; `--report` rewrites the tables, the "
+               "command resumes). The check remakes the tables from the committed records; the runs take about "
+               "16 core-hours (3 min at T = 64 to ~30 min at T = 1024 on one thread)"),
     Entry("earlier_qwen3_sort", "results/earlier/qwen3_sort",
           ("collapse.json", "collapse.md", "collapse.png", "fidelity.png", "phase.json", "phase.md", "phase.png",
            "toy_fp32_1000.metrics.jsonl", "toy_fp32_learning.md", "toy_fp32_learning.png"),
