@@ -40,6 +40,7 @@ from experiments.common import fmt, write_results
 from experiments.staleness import RULE_TEXT, _mean, cell_table, run_summary, sustained_collapse, tests_table
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
+from r3.errors import run_main
 from r3.io import read_jsonl
 
 ACC = "eval/reward"
@@ -305,4 +306,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -57,6 +57,7 @@ from experiments.collapse import HEADLINE, collapse_step, with_lr
 from experiments.common import fmt, write_results
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
+from r3.errors import run_main
 
 RULE = dict(heldout_drop=0.3, heldout_consecutive=2, reward_ema_decay=0.9, reward_drop=0.3, reward_steps=50,
             peak_after_steps=5, nonfinite=True)
@@ -410,4 +411,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -20,6 +20,7 @@ import time
 
 from tqdm import tqdm
 
+from r3.errors import InputError
 from r3.guard import ema_series
 from r3.io import atomic_write, read_jsonl
 
@@ -94,14 +95,14 @@ def write_record(out: str, records: str) -> str:
 
 
 def read_record(path: str) -> tuple[dict, list[dict]]:
-    """(header, metrics rows) of a record; a damaged file raises ValueError naming it."""
+    """(header, metrics rows) of a record; a damaged file raises InputError (one line from a script) naming it."""
     try:
         with gzip.open(path, "rt") as f:
             lines = [json.loads(line) for line in f if line.strip()]
         if not lines or lines[0].get("record") != RECORD_VERSION:
             raise ValueError("no record header")
     except (OSError, EOFError, ValueError) as e:
-        raise ValueError(f"{path}: not a readable run record ({e}); delete it to rerun that run") from None
+        raise InputError(f"{path}: not a readable run record ({e}); delete it to rerun that run") from None
     return lines[0], lines[1:]
 
 

@@ -121,6 +121,12 @@ def test_grid_end_to_end(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     again = json.loads((tmp_path / "out" / "grid.json").read_text())
     assert again["complete"] and again["cells"] == data["cells"] and again["tests"] == data["tests"]
+    records[0].write_bytes(records[0].read_bytes()[:100])  # a damaged record: one clear line, exit 1
+    r = subprocess.run([*cmd, "--lr", "1e-3", "--report"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=ENV)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"error: out/records/{records[0].name}: not a readable run record" in r.stderr
+    records[0].unlink()
     r = subprocess.run([*cmd, "--lr", "1e-3", "--seeds", "0", "1", "--report"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=300, env=ENV)  # seed 1 never ran: a partial grid, said so
     assert r.returncode == 0 and "**partial**" in r.stdout
