@@ -45,13 +45,22 @@ def arm_run(*, replay: str, seed: int, dtype: str, loss: str = "grpo", is_correc
     return os.path.join(runs_dir, name), flags
 
 
+def reached(done: dict, steps: int) -> bool:
+    """A run's done.json says it reached `steps` or stopped early (on a collapse guard)."""
+    return done["stopped_on"] is not None or done["steps"] >= steps
+
+
 def is_done(out: str, steps: int) -> bool:
     """train.py writes done.json when it reaches --steps or stops on collapse."""
     if not os.path.exists(os.path.join(out, "done.json")):
         return False
     with open(os.path.join(out, "done.json")) as f:
-        done = json.load(f)
-    return done["stopped_on"] is not None or done["steps"] >= steps
+        return reached(json.load(f), steps)
+
+
+def same_command(saved: list[str], args: list[str]) -> bool:
+    """`saved` (a run's flags and `--steps N`) is the command line `args` at some horizon."""
+    return saved[:-1] == [*args, "--steps"]
 
 
 RECORD_VERSION = 1
@@ -106,28 +115,20 @@ def read_record(path: str) -> tuple[dict, list[dict]]:
     return lines[0], lines[1:]
 
 
-def _record_done(head: dict, args: list[str], steps: int) -> bool:
-    """The record is of this command line and reached `steps` (or stopped early on a collapse guard)."""
-    old = head["flags"]
-    if old[:-1] != [*args, "--steps"]:
-        return False
-    return head["done"]["stopped_on"] is not None or head["done"]["steps"] >= steps
-
-
 def finished(out: str, args: list[str], steps: int, records: str) -> tuple[dict, list[dict]] | None:
     """(header, rows) of a finished run: from its record, else from its finished folder (which then gets its
     record); None when neither has finished. A record made with other flags raises, like a run folder."""
     path = record_path(out, records)
     if os.path.exists(path):
         head, rows = read_record(path)
-        if head["flags"][:-1] != [*args, "--steps"]:
+        if not same_command(head["flags"], args):
             raise RuntimeError(f"{path} was run with different flags:\n  {' '.join(head['flags'])}\nnot\n  "
                                f"{' '.join(args)} --steps {steps}\nremove it to rerun that run")
-        if _record_done(head, args, steps):
+        if reached(head["done"], steps):
             return head, rows
     if os.path.exists(os.path.join(out, "sweep_flags.json")) and is_done(out, steps):
         with open(os.path.join(out, "sweep_flags.json")) as f:
-            if json.load(f)[:-1] == [*args, "--steps"]:
+            if same_command(json.load(f), args):
                 return read_record(write_record(out, records))
     return None
 
@@ -147,7 +148,7 @@ def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_d
         if os.path.exists(flags_path):
             with open(flags_path) as f:
                 old = json.load(f)
-            if old[:-1] != [*args, "--steps"] or int(old[-1]) > n:
+            if not same_command(old, args) or int(old[-1]) > n:
                 raise RuntimeError(f"{out} was run with different flags:\n  {' '.join(old)}\nnot\n  "
                                    f"{' '.join(args)} --steps {n}\nchoose another --runs-dir or remove it")
             if int(old[-1]) < n:  # a longer horizon extends the run (train.py --resume continues it exactly)
