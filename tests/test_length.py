@@ -33,6 +33,9 @@ def test_chain_task():
     assert task.reward(ex.answer[:6], ex)[0] == 6 / 13  # stopped early: the missing positions score nothing
     assert preset_config("toy", make_task("chain:1000")).max_position_embeddings == 1002 + 1
     assert preset_config("toy", make_task("cipher")).max_position_embeddings == 256  # the others keep the preset
+    ex.answer[0] = -1  # answers are cached per start symbol and handed out as copies: editing one changes no other
+    again = task.sample(1, torch.Generator().manual_seed(0))[0]
+    assert again.prompt == ex.prompt and again.answer[0] == SYMBOL0 + Cipher.PI[ex.prompt[0] - SYMBOL0]
 
 
 def test_length_grid_end_to_end(tmp_path):
