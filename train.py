@@ -48,7 +48,7 @@ from r3.memory import format_plan, memory_plan
 from r3.metrics import MISMATCH_KEYS, flip_stats, kl_k3
 from r3.plots import log_scalars, tensorboard_writer
 from r3.process import configure_cpu
-from r3.provenance import stamp
+from r3.provenance import earlier_segments, git_state, stamp
 from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume, check_steps,
                           read_metrics, truncate_metrics)
 from r3.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
@@ -114,6 +114,7 @@ class Run:
     examples: list | None = None    # the step's prompts (kept by `collect` for `fidelity`)
     step_start: dict | None = None  # --on-collapse stop, one process: the state the current step started from
     t0: float = 0.0
+    prov: dict | None = None        # rank 0: the provenance stamped at the start (r3/provenance.py)
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -380,6 +381,7 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     """Load the model, engine, task and optimizer; open (or resume) the run folder. Returns (run, first step).
     Every refusal comes before OUT is created or written (a resume's, before anything in OUT changes)."""
     t0 = time.time()
+    code = git_state()  # the checkout as this process imports it (the warm-up below can take minutes)
     out = check_launch(cfg)
     torch.manual_seed(cfg.seed)
     configure_cpu(cfg.threads)
@@ -418,7 +420,9 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     if cfg.engine != "local":  # the server starts from whatever it loaded: give it the trainer's weights
         run.engine.sync(run.model)
     if run.lead:
-        stamp(out)  # provenance: code, torch, machine, command line (rewritten with the wall time at the end)
+        # provenance: code (as imported), torch, machine, command line, and after a resume the earlier processes'
+        # commits; rewritten at the end with the wall time
+        run.prov = stamp(out, git=code, segments=earlier_segments(out) if start else None)
         if start == 0:
             open(run.path("metrics.jsonl"), "w").close()
             atomic_write_json(run.path("args.json"), asdict(cfg))
@@ -492,7 +496,7 @@ def finish(run: Run, stopped_on: list[str] | None) -> None:
             from r3.plots import plot_run
             plot_run(read_jsonl(run.path("metrics.jsonl")), run.path("metrics.png"), title=run.out)
             print(f"wrote {run.path('metrics.png')}")
-        stamp(run.out, t0=run.t0)
+        stamp(run.out, t0=run.t0, git=run.prov, segments=run.prov.get("segments"))
         if run.tb is not None:
             run.tb.close()
         run.folder.release()

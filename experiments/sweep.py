@@ -6,8 +6,9 @@ continued with `--resume` (which is bit-identical on CPU). The same flags with a
 the longer horizon; any other change of flags is refused.
 
 Records: a run folder holds checkpoints (megabytes) and is not committed, so a finished run also leaves a record,
-RECORDS/NAME.jsonl.gz (a header line with its flags, done.json and commit, then its metrics rows with floats to 7
-significant digits, `step_time` dropped; about 50 KB per 1000 steps). A grid passes `records=` to `run_all` and
+RECORDS/NAME.jsonl.gz (a header line with its flags, done.json and commit, and for a run resumed across processes
+the earlier ones' commits, then its metrics rows with floats to 7 significant digits, `step_time` dropped; about
+50 KB per 1000 steps). A grid passes `records=` to `run_all` and
 reads its runs with `finished`: a run whose record matches its flags counts as finished without its folder, so a
 committed grid resumes in a fresh clone, and its tables are made from the records alone.
 """
@@ -90,6 +91,8 @@ def write_record(out: str, records: str) -> str:
     prov = load("provenance.json") if os.path.exists(os.path.join(out, "provenance.json")) else {}
     head = dict(record=RECORD_VERSION, name=os.path.basename(out.rstrip(os.sep)), flags=load("sweep_flags.json"),
                 done=load("done.json"), commit=prov.get("commit"))
+    if prov.get("segments"):  # resumed: the commits the earlier processes ran, oldest first
+        head["earlier_commits"] = [seg.get("commit") for seg in prov["segments"]]
     rows = [_round({k: v for k, v in r.items() if k not in RECORD_DROP})
             for r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
     text = "\n".join(json.dumps(x) for x in [head, *rows]) + "\n"

@@ -3,16 +3,20 @@
   provenance(argv, t0)        dict: git commit and dirty flag, torch / Python versions, torch threads, machine,
                               start time and wall time, the exact command line
   stamp(run_dir, argv, t0)    writes RUN/provenance.json (atomically) and returns the dict
+  earlier_segments(run_dir)   what a resumed run's earlier processes ran: their commits, dirty flags and times
   markdown_line(prov)         one line for a results table; it says **dirty tree** when the code was not committed
 
 The commit is that of the checkout holding this package (not of the current directory); outside a git checkout, or
-without git, `commit` and `dirty` are None. `dirty` counts changed tracked files and untracked (not ignored) `.py`
+without git, `commit` and `dirty` are None. A long run reads it once, at its start (`git=`): the code a process runs
+is what it imported then, whatever the checkout holds by its end. A resumed run also lists its earlier processes
+under `segments` (commit, dirty, started, finished), so a run continued at another commit says so. `dirty` counts changed tracked files and untracked (not ignored) `.py`
 files, code that may have run. It never counts what commands write: anything under the output folders `results/`
 and `runs/` (no code lives there), nor the paths passed as `outputs`. So a command that writes several results files
 (a table, then a second table beside it) stamps each of them clean at a clean commit, and so does a rerun over its
 own uncommitted outputs. Left out: pip freeze, environment variables other than the thread settings, the host name.
 """
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -58,14 +62,18 @@ def git_state(repo: str = REPO, outputs=()) -> dict:
                 changed=None if changed is None else changed[:20])
 
 
-def provenance(argv: list[str] | None = None, t0: float | None = None, *, repo: str = REPO, outputs=()) -> dict:
+def provenance(argv: list[str] | None = None, t0: float | None = None, *, repo: str = REPO, outputs=(),
+               git: dict | None = None, segments: list | None = None) -> dict:
     """Everything needed to say what produced a result. t0 is a time.time() start. argv: the arguments after
     `python` (e.g. ["train.py", "--r3"]); default: this process's own (`sys.orig_argv`, so `-m pkg.mod` is kept).
-    outputs: paths this command writes (see `git_state`)."""
+    outputs: paths this command writes (see `git_state`). git: the commit / dirty / changed read when the process
+    started (default: read now). segments: a resumed run's earlier processes (`earlier_segments`)."""
     argv = list(sys.orig_argv[1:] if argv is None else argv)
     now = time.time()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return dict(**git_state(repo, outputs), torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
+    state = git_state(repo, outputs) if git is None else {k: git.get(k) for k in ("commit", "dirty", "changed")}
+    extra = {} if segments is None else dict(segments=list(segments))
+    return dict(**state, **extra, torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
                 python=platform.python_version(), threads=torch.get_num_threads(),
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"), platform=platform.platform(),
                 machine=platform.machine(), cpu_count=os.cpu_count(),
@@ -79,11 +87,28 @@ def _iso(t: float) -> str:
 
 
 def stamp(run_dir: str, argv: list[str] | None = None, t0: float | None = None, **kw) -> dict:
-    """Write RUN/provenance.json; call it at the end of a run (wall time) or at its start (t0=None)."""
+    """Write RUN/provenance.json; call it at the end of a run (wall time, with the start's `git=`) or at its
+    start (t0=None)."""
     prov = provenance(argv, t0, **kw)
     os.makedirs(run_dir, exist_ok=True)
     atomic_write_json(os.path.join(run_dir, "provenance.json"), prov)
     return prov
+
+
+def earlier_segments(run_dir: str) -> list[dict]:
+    """The processes that ran RUN before this one, from its provenance.json (none if it has none or cannot be
+    read): each one's commit, dirty flag, start and finish (None when it was killed before its end stamp)."""
+    try:
+        with open(os.path.join(run_dir, "provenance.json")) as f:
+            prev = json.load(f)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(prev, dict):
+        return []
+    ended = prev.get("wall_s") is not None  # an end stamp; a start stamp's one time is when it was written
+    return [*prev.get("segments", []), dict(commit=prev.get("commit"), dirty=prev.get("dirty"),
+                                            started=prev.get("started") if ended else prev.get("finished"),
+                                            finished=prev.get("finished") if ended else None)]
 
 
 def markdown_line(prov: dict) -> str:

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from r3.provenance import markdown_line, provenance, stamp
+from r3.provenance import earlier_segments, git_state, markdown_line, provenance, stamp
 
 FIELDS = ["commit", "dirty", "torch", "python", "threads", "platform", "machine", "cpu_count", "started", "finished",
           "wall_s", "argv", "command"]
@@ -75,3 +75,35 @@ def test_a_commands_own_outputs_never_make_its_tree_dirty(tmp_path):
     assert provenance([], repo=str(tmp_path), outputs=[str(tmp_path / "out.txt")])["dirty"] is False
     (tmp_path / "f.py").write_text("x = 2\n")  # code still counts
     assert provenance([], repo=str(tmp_path), outputs=[str(tmp_path / "out.txt")])["changed"] == ["f.py"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_run_keeps_the_commit_it_started_at_and_lists_earlier_processes(tmp_path):
+    """The bug: train.py re-read the checkout for its end stamp, so a run whose checkout moved on while it ran (a
+    grid in a worktree that was updated) recorded the new commit, not the code it had imported."""
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("x = 1\n")
+    git("add", "f.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c1")
+    run = str(tmp_path / "results" / "run")
+    assert earlier_segments(run) == []  # nothing ran here yet
+    start = stamp(run, ["train.py"], repo=str(tmp_path))  # a first process starts, and is killed
+    (tmp_path / "f.py").write_text("x = 2\n")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "c2")
+    code = git_state(str(tmp_path))  # the second process (a resume) starts at c2
+    assert code["commit"] != start["commit"]
+    segments = earlier_segments(run)
+    assert segments == [dict(commit=start["commit"], dirty=False, started=start["finished"], finished=None)]
+    second = stamp(run, ["train.py"], repo=str(tmp_path), git=code, segments=segments)
+    (tmp_path / "f.py").write_text("x = 3\n")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "c3")  # the checkout moves on mid-run
+    end = stamp(run, ["train.py"], 0.0, repo=str(tmp_path), git=second, segments=second["segments"])
+    assert end["commit"] == code["commit"] != git_state(str(tmp_path))["commit"]
+    assert [s["commit"] for s in end["segments"]] == [start["commit"]] and end["wall_s"] > 0
+    later = earlier_segments(run)  # a third process would list both, the second with its start and end
+    assert [s["commit"] for s in later] == [start["commit"], code["commit"]]
+    assert later[1]["started"] == end["started"] and later[1]["finished"] == end["finished"]
+    (tmp_path / "results" / "run" / "provenance.json").write_text("{not json")
+    assert earlier_segments(run) == []  # an unreadable stamp is no history, not a crash

@@ -147,7 +147,7 @@ def test_run_records(tmp_path):
     fake_run(tmp_path / "runs" / "a-s0", flags, rows)
     records = str(tmp_path / "records")
     head, got = W.finished(str(tmp_path / "runs" / "a-s0"), flags, 3, records)  # the folder is done: recorded
-    assert head["commit"] == "abc123" and head["flags"] == [*flags, "--steps", "3"]
+    assert head["commit"] == "abc123" and head["flags"] == [*flags, "--steps", "3"] and "earlier_commits" not in head
     assert [r["step"] for r in got] == [0, 1, 2] and all("step_time" not in r for r in got)
     assert [r["reward"] for r in got] == pytest.approx([r["reward"] for r in rows], rel=1e-6)
     path = W.record_path(str(tmp_path / "runs" / "a-s0"), records)
@@ -162,3 +162,8 @@ def test_run_records(tmp_path):
     open(path, "wb").write(first[: len(first) // 2])
     with pytest.raises(ValueError, match="a-s0.jsonl.gz: not a readable run record"):
         W.finished(str(tmp_path / "runs" / "a-s0"), flags, 3, records)
+    fake_run(tmp_path / "runs" / "b-s0", flags, rows)  # resumed at another commit: the record says both
+    (tmp_path / "runs" / "b-s0" / "provenance.json").write_text(json.dumps(dict(
+        commit="def456", segments=[dict(commit="abc123", dirty=False, started="t0", finished=None)])))
+    head = W.read_record(W.write_record(str(tmp_path / "runs" / "b-s0"), records))[0]
+    assert head["commit"] == "def456" and head["earlier_commits"] == ["abc123"]

@@ -53,6 +53,8 @@ def test_resume_checks_the_run_defining_flags(tmp_path):
     assert lines(tmp_path / "run" / "resumes.jsonl") == [dict(step=2, changes=dict(lr=[0.0003, 0.001]))]
     assert [m["step"] for m in lines(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2, 3]
     assert json.loads((tmp_path / "run" / "args.json").read_text())["lr"] == 1e-3
+    prov = json.loads((tmp_path / "run" / "provenance.json").read_text())  # the first process, listed by the second
+    assert [seg["commit"] for seg in prov["segments"]] == [prov["commit"]] and prov["segments"][0]["finished"]
 
 
 def test_overwrite_removes_the_old_run_before_writing(tmp_path):
@@ -108,6 +110,7 @@ def test_heldout_accuracy_provenance_and_dumps(tmp_path):
     prov = json.loads((tmp_path / "run" / "provenance.json").read_text())
     for k in ("commit", "dirty", "torch", "python", "threads", "machine", "wall_s", "argv"):
         assert k in prov, k
+    assert "segments" not in prov  # one process, nothing resumed
     for step in range(3):
         b = load_batch(str(tmp_path / "run" / "samples" / f"step{step}"))
         prompts = [b.tokens[i][b.attn_mask[i] & ~b.response_mask[i]].tolist() for i in range(len(b))]
