@@ -251,9 +251,10 @@ def main(argv=None):
     print(f"rule (pre-registered): {PRIMARY_TEXT}; held-out metric {ACC}; secondary: {RELATIVE_TEXT}; T* = shortest "
           f"length where >= half the seeds collapse")
     names, runs_dir = cells(args.lengths), os.path.join(args.out, "runs")
-    # shortest length first, seed-major within a length: a partial grid holds whole lengths, balanced across cells
-    plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for t in sorted(args.lengths) for s in args.seeds
-            for c in names if c.endswith(f"/T{t}")]
+    # shortest length first, seed-major within a length: a partial grid holds whole lengths, balanced across cells;
+    # at the longest, the three arms' seeds before the positive controls' (these matter only if no replay falls)
+    plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for t in sorted(args.lengths) for ctl in (False, True)
+            for s in args.seeds for c in names if c.endswith(f"/T{t}") and (c.rsplit("/", 1)[0] in CONTROLS) == ctl]
     records = args.records or os.path.join(args.out, "records")  # committed: a fresh clone resumes and reports
     if not args.report:
         run_all([(out, flags, args.steps) for _, _, out, flags in plan], jobs=args.jobs,

@@ -9,11 +9,12 @@
 The commit is that of the checkout holding this package (not of the current directory); outside a git checkout, or
 without git, `commit` and `dirty` are None. A long run reads it once, at its start (`git=`): the code a process runs
 is what it imported then, whatever the checkout holds by its end. A resumed run also lists its earlier processes
-under `segments` (commit, dirty, started, finished), so a run continued at another commit says so. `dirty` counts changed tracked files and untracked (not ignored) `.py`
-files, code that may have run. It never counts what commands write: anything under the output folders `results/`
-and `runs/` (no code lives there), nor the paths passed as `outputs`. So a command that writes several results files
-(a table, then a second table beside it) stamps each of them clean at a clean commit, and so does a rerun over its
-own uncommitted outputs. Left out: pip freeze, environment variables other than the thread settings, the host name.
+under `segments` (commit, dirty, started, finished), so a run continued at another commit says so.
+`dirty` counts changed tracked files and untracked (not ignored) `.py` files, code that may have run. It never counts
+what commands write: anything under the output folders `results/` and `runs/` (no code lives there), nor the paths
+passed as `outputs`. So a command that writes several results files (a table, then a second table beside it) stamps
+each of them clean at a clean commit, and so does a rerun over its own uncommitted outputs. Left out: pip freeze,
+environment variables other than the thread settings, the host name.
 """
 import datetime
 import json
