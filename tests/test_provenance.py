@@ -15,6 +15,12 @@ FIELDS = ["commit", "dirty", "torch", "python", "threads", "platform", "machine"
           "wall_s", "argv", "command"]
 
 
+def git(repo, *args):
+    """git in a scratch repository, as a committer named t."""
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                   capture_output=True)
+
+
 def test_fields(tmp_path):
     p = provenance(["train.py", "--r3", "--out", "a b"], t0=0.0)
     assert set(FIELDS) <= set(p)
@@ -35,12 +41,10 @@ def test_outside_git(tmp_path):
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_dirty_tree_is_said(tmp_path):
-    def git(*a):
-        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
-    git("init", "-q")
+    git(tmp_path, "init", "-q")
     (tmp_path / "f.py").write_text("x = 1\n")
-    git("add", "f.py")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    git(tmp_path, "add", "f.py")
+    git(tmp_path, "commit", "-qm", "c")
     clean = provenance(["train.py"], t0=0.0, repo=str(tmp_path))
     assert clean["dirty"] is False and "dirty" not in markdown_line(clean)
     assert f"`{clean['commit'][:10]}`" in markdown_line(clean) and "`python" in markdown_line(clean)
@@ -58,15 +62,13 @@ def test_dirty_tree_is_said(tmp_path):
 def test_a_commands_own_outputs_never_make_its_tree_dirty(tmp_path):
     """The bug: a command that wrote results/a/first.json, then stamped results/a/second.json, recorded the second
     as made from a dirty tree (its own first output was a changed tracked file)."""
-    def git(*a):
-        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
-    git("init", "-q")
+    git(tmp_path, "init", "-q")
     (tmp_path / "f.py").write_text("x = 1\n")
     (tmp_path / "results" / "a").mkdir(parents=True)
     (tmp_path / "results" / "a" / "first.json").write_text("{}")
     (tmp_path / "out.txt").write_text("old\n")
-    git("add", ".")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+    git(tmp_path, "add", ".")
+    git(tmp_path, "commit", "-qm", "c")
     (tmp_path / "results" / "a" / "first.json").write_text('{"kl": 1}')  # the command's first output
     (tmp_path / "results" / "a" / "second.json").write_text("{}")
     assert provenance([], repo=str(tmp_path))["dirty"] is False
@@ -81,24 +83,22 @@ def test_a_commands_own_outputs_never_make_its_tree_dirty(tmp_path):
 def test_a_run_keeps_the_commit_it_started_at_and_lists_earlier_processes(tmp_path):
     """The bug: train.py re-read the checkout for its end stamp, so a run whose checkout moved on while it ran (a
     grid in a worktree that was updated) recorded the new commit, not the code it had imported."""
-    def git(*a):
-        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
-    git("init", "-q")
+    git(tmp_path, "init", "-q")
     (tmp_path / "f.py").write_text("x = 1\n")
-    git("add", "f.py")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c1")
+    git(tmp_path, "add", "f.py")
+    git(tmp_path, "commit", "-qm", "c1")
     run = str(tmp_path / "results" / "run")
     assert earlier_segments(run) == []  # nothing ran here yet
     start = stamp(run, ["train.py"], repo=str(tmp_path))  # a first process starts, and is killed
     (tmp_path / "f.py").write_text("x = 2\n")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "c2")
+    git(tmp_path, "commit", "-qam", "c2")
     code = git_state(str(tmp_path))  # the second process (a resume) starts at c2
     assert code["commit"] != start["commit"]
     segments = earlier_segments(run)
     assert segments == [dict(commit=start["commit"], dirty=False, started=start["finished"], finished=None)]
     second = stamp(run, ["train.py"], repo=str(tmp_path), git=code, segments=segments)
     (tmp_path / "f.py").write_text("x = 3\n")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "c3")  # the checkout moves on mid-run
+    git(tmp_path, "commit", "-qam", "c3")  # the checkout moves on mid-run
     end = stamp(run, ["train.py"], 0.0, repo=str(tmp_path), git=second, segments=second["segments"])
     assert end["commit"] == code["commit"] != git_state(str(tmp_path))["commit"]
     assert [s["commit"] for s in end["segments"]] == [start["commit"]] and end["wall_s"] > 0
