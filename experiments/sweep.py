@@ -8,9 +8,9 @@ the longer horizon; any other change of flags is refused.
 Records: a run folder holds checkpoints (megabytes) and is not committed, so a finished run also leaves a record,
 RECORDS/NAME.jsonl.gz (a header line with its flags, done.json and commit, and for a run resumed across processes
 the earlier ones' commits, then its metrics rows with floats to 7 significant digits, `step_time` dropped; about
-50 KB per 1000 steps). A grid passes `records=` to `run_all` and
-reads its runs with `finished`: a run whose record matches its flags counts as finished without its folder, so a
-committed grid resumes in a fresh clone, and its tables are made from the records alone.
+50 KB per 1000 steps). A grid passes `records=` to `run_all` and reads its runs with `finished`: a run whose record
+matches its flags counts as finished without its folder, so a committed grid resumes in a fresh clone, and its
+tables are made from the records alone.
 """
 import gzip
 import json
