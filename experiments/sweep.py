@@ -64,6 +64,12 @@ def same_command(saved: list[str], args: list[str]) -> bool:
     return saved[:-1] == [*args, "--steps"]
 
 
+def other_flags(where: str, saved: list[str], args: list[str], steps: int, advice: str) -> RuntimeError:
+    """The refusal of a run folder or record made by another command line than this one."""
+    return RuntimeError(f"{where} was run with different flags:\n  {' '.join(saved)}\nnot\n  {' '.join(args)} "
+                        f"--steps {steps}\n{advice}")
+
+
 RECORD_VERSION = 1
 RECORD_DROP = ("step_time",)  # wall time: not a function of the flags, and it would make records differ run to run
 
@@ -125,8 +131,7 @@ def finished(out: str, args: list[str], steps: int, records: str) -> tuple[dict,
     if os.path.exists(path):
         head, rows = read_record(path)
         if not same_command(head["flags"], args):
-            raise RuntimeError(f"{path} was run with different flags:\n  {' '.join(head['flags'])}\nnot\n  "
-                               f"{' '.join(args)} --steps {steps}\nremove it to rerun that run")
+            raise other_flags(path, head["flags"], args, steps, "remove it to rerun that run")
         if reached(head["done"], steps):
             return head, rows
     if os.path.exists(os.path.join(out, "sweep_flags.json")) and is_done(out, steps):
@@ -152,8 +157,7 @@ def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_d
             with open(flags_path) as f:
                 old = json.load(f)
             if not same_command(old, args) or int(old[-1]) > n:
-                raise RuntimeError(f"{out} was run with different flags:\n  {' '.join(old)}\nnot\n  "
-                                   f"{' '.join(args)} --steps {n}\nchoose another --runs-dir or remove it")
+                raise other_flags(out, old, args, n, "choose another --runs-dir or remove it")
             if int(old[-1]) < n:  # a longer horizon extends the run (train.py --resume continues it exactly)
                 with open(flags_path, "w") as f:
                     json.dump([*args, "--steps", str(n)], f)
