@@ -1,5 +1,6 @@
 """What this proves: the engine's log-probs and routes are those of its own (cast) weights, it stops on EOS with
-per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, weight sync refreshes it, and its
+per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, a rollout past the position limit
+is refused, weight sync refreshes it, and its
 fused q/k/v and gate/up matmuls give bit-identical rollouts."""
 import copy
 
@@ -48,12 +49,21 @@ def test_eos_stops_each_sequence_and_pads_after():
 
 
 def test_group_prefill_is_computed_once_per_prompt():
-    b = gen(Engine(build_model(CFG), "bf16"), G=8)
-    assert b.meta["prefill_tokens_computed"] * 8 == b.meta["prefill_tokens_requested"]
+    b, cache = gen(Engine(build_model(CFG), "bf16"), G=8, return_cache=True)
     Lp = b.meta["prompt_len"]
+    assert cache.prefill_tokens == len(PROMPTS) * Lp  # measured by the cache: positions the prefill computed
+    assert b.meta["prefill_tokens_computed"] == cache.prefill_tokens
     for p in range(3):  # every sample of a group shares the prompt's recorded routes
         rows = b.routes[b.group == p, :Lp - 1]
         assert (rows == rows[0]).all()
+
+
+def test_a_rollout_past_the_position_limit_is_refused_before_any_work():
+    engine = Engine(build_model(CFG), "bf16")
+    with pytest.raises(ValueError, match=r"prompt \(5\) \+ max_new_tokens \(252\) exceeds the model's "
+                                         r"max_position_embeddings \(256\)"):
+        engine.generate(PROMPTS, max_new_tokens=252, eos_ids=(14,), pad_id=15)
+    assert gen(engine).tokens.shape[1] <= 5 + 10  # the same engine still samples within the limit
 
 
 def test_top_p_keeps_only_the_nucleus():

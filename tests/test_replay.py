@@ -5,7 +5,7 @@ import torch
 
 from r3.engine import Engine
 from r3.model import ModelConfig, build_model
-from r3.moe import MoE, RoutesError
+from r3.moe import MoE, RoutesError, experts_dense_reference
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)
@@ -28,13 +28,38 @@ def test_replayed_forward_uses_exactly_the_recorded_routes():
     assert not torch.equal(own, batch.routes.long()), "bf16 rollout should flip at least one route at std=0.2"
 
 
+def _reference_moe_forward(moe, x_BTD, replay_ids_BTK=None):
+    """MoE.forward written out by hand: the replayed ids (never the router's top-k), gates from the live router's
+    full softmax, renormalised over the replayed set, every expert computed densely and weighted."""
+    B, T, D = x_BTD.shape
+    x_ND = x_BTD.reshape(B * T, D)
+    ids_NK = replay_ids_BTK.reshape(B * T, -1).long()
+    gates_NK = torch.softmax(x_ND.float() @ moe.gate.weight.float().T, -1).gather(-1, ids_NK)
+    if moe.norm_topk_prob:
+        gates_NK = gates_NK / gates_NK.sum(-1, keepdim=True)
+    y_ND = experts_dense_reference(moe.experts, x_ND, ids_NK, gates_NK.to(x_ND.dtype))
+    return y_ND.view(B, T, D), ids_NK.view(B, T, -1)
+
+
+def test_replayed_forward_computes_with_the_recorded_experts(monkeypatch):
+    """Not only the ids it returns: the output is that of the recorded experts, weighted by the live router."""
+    model, batch = rollout("bf16")
+    x, v = batch.tokens[:, :-1], batch.attn_mask[:, :-1]
+    replay, _ = model(x, valid_BT=v, routes_BTLK=batch.routes)
+    own, _ = model(x, valid_BT=v)
+    monkeypatch.setattr(MoE, "forward", _reference_moe_forward)
+    reference, _ = model(x, valid_BT=v, routes_BTLK=batch.routes)
+    assert (replay - reference)[v].abs().max() < 1e-5
+    assert (own - reference)[v].abs().max() > 1e-2  # the flipped routes matter, so the check above has teeth
+
+
 def test_replay_equals_normal_routing_on_same_numerics():
     model, batch = rollout("fp32")
     x, v = batch.tokens[:, :-1], batch.attn_mask[:, :-1]
     normal, own = model(x, valid_BT=v)
     replay, _ = model(x, valid_BT=v, routes_BTLK=batch.routes)
     assert torch.equal(own, batch.routes.long())  # fp32 KV decode picks the same experts as the full forward
-    assert (normal - replay).abs().max() < 1e-5
+    assert torch.equal(normal, replay)  # the same ids in the same order: gather returns topk's very floats
 
 
 @pytest.mark.parametrize("norm_topk", [True, False])
