@@ -381,15 +381,14 @@ def test_a_stalled_generate_is_aborted_and_retried(tmp_path):
 def test_answers_that_will_not_change_end_the_call_at_once(fake, tmp_path):
     state = stand_in()
     with on_thread(state) as url:
-        t0 = time.monotonic()
         with pytest.raises(RemoteEngineError, match=r"HTTP 400: .*exceeds"):
             SGLangEngine(url, CFG, retries=3).generate(PROMPTS, **dict(GEN, max_new_tokens=1000))
-        assert time.monotonic() - t0 < 1.0 and len(state.snapshot()["generate_rids"]) == 1  # a 4xx: no retry
+        assert len(state.snapshot()["generate_rids"]) == 1  # a 4xx: no retry
     fake.reply = lambda m, p, b: (404, {"detail": "Not Found"}, 0.0)
     t0 = time.monotonic()
     with pytest.raises(RemoteEngineError, match=r"/health \(health check\): HTTP 404"):
         make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=60)
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 30  # raised at once: waiting it out would take the whole 60 s
     other = dataclasses.replace(CFG, num_hidden_layers=CFG.num_hidden_layers + 1)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps(config_to_hf(other, torch.bfloat16)))

@@ -19,8 +19,9 @@ def test_speed_quick_writes_json_and_table(tmp_path):
     for section in ("moe", "train", "generate", "scaling"):
         assert res[section] and all(v == v and v > 0 for row in res[section] for k, v in row.items()
                                     if k.endswith(("_ms", "_tok_s", "ratio", "speedup")))
-    assert all(r["max_abs_diff"] < 1e-4 for r in res["moe"] if r["dtype"] == "fp32")
-    assert all(r["fp32_logit_max_abs_diff"] < 1e-4 for r in res["train"])
+    # parity in fp32: the block's weights are std 0.02, so its outputs are ~4e-3 and 1e-7 is ~2.5e-5 of them
+    assert all(r["max_abs_diff"] < 1e-7 for r in res["moe"] if r["dtype"] == "fp32")
+    assert all(r["fp32_logit_max_abs_diff"] < 1e-5 for r in res["train"])
     md = (tmp_path / "speed.md").read_text()
     assert "ours / tf" in md and "experiments.speed --quick" in md
 
