@@ -178,7 +178,10 @@ class Engine:
     def _sample_loop(self, cache, last_BV, max_new_tokens, eos_ids, pad_id, temperature, top_p, generator,
                      keep_logp_V):
         """Decode one token at a time from `last_BV`; returns (tokens, valid, logp, full logp or None), each [B, N].
-        temperature 0: argmax, log-probs of the untempered softmax."""
+        temperature 0: argmax, log-probs of the untempered softmax. With top_p < 1 the token is drawn from the
+        nucleus but its log-prob is that of the whole tempered softmax, the distribution the trainer scores
+        (`r3.score.token_logp`), so the importance ratios compare like with like; the nucleus's own truncation is
+        not corrected for (keep top_p 1 for RL, as the defaults do)."""
         B, dev = last_BV.shape[0], last_BV.device
         eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)

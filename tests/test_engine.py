@@ -1,7 +1,7 @@
 """What this proves: the engine's log-probs and routes are those of its own (cast) weights, it stops on EOS with
-per-sequence lengths, top-p restricts sampling, a group prefills its prompt once, a rollout past the position limit
-is refused, weight sync refreshes it, and its
-fused q/k/v and gate/up matmuls give bit-identical rollouts."""
+per-sequence lengths, top-p restricts sampling (not the recorded log-probs), a group prefills its prompt once, a
+rollout past the position limit is refused, weight sync refreshes it, and its fused q/k/v and gate/up matmuls give
+bit-identical rollouts."""
 import copy
 
 import pytest
@@ -64,6 +64,18 @@ def test_a_rollout_past_the_position_limit_is_refused_before_any_work():
                                          r"max_position_embeddings \(256\)"):
         engine.generate(PROMPTS, max_new_tokens=252, eos_ids=(14,), pad_id=15)
     assert gen(engine).tokens.shape[1] <= 5 + 10  # the same engine still samples within the limit
+
+
+def test_top_p_records_the_log_probs_of_the_whole_tempered_softmax():
+    """The nucleus restricts the draw, not the recorded log-prob: it stays the one the trainer computes."""
+    model = build_model(CFG, 0).init_weights(0, std=0.2)
+    b = gen(Engine(model, "fp32"), top_p=0.5, temperature=0.7)
+    logits, _ = model(b.tokens[:, :-1], valid_BT=b.attn_mask[:, :-1])
+    logp_V = (logits / 0.7).log_softmax(-1)
+    m = b.loss_mask
+    assert (logp_V.gather(-1, b.tokens[:, 1:, None])[..., 0] - b.rollout_logp)[m].abs().max() < 1e-5
+    nucleus_mass = logp_V.exp().sort(-1, descending=True).values.cumsum(-1)
+    assert (nucleus_mass[..., 0][m] < 0.5).any()  # some draws had a nucleus of several tokens: a real restriction
 
 
 def test_top_p_keeps_only_the_nucleus():

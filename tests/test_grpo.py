@@ -41,6 +41,17 @@ def test_dr_grpo_divides_by_constant():
     assert abs(float(loss) - (-1.28 - 0.9 + 0.8 + 1.1) / (2 * 4)) < 1e-6
 
 
+@pytest.mark.parametrize("loss, denominator", [("grpo", 4), ("dr_grpo", 2 * 4)])
+def test_clipped_token_loss_gradient_by_hand(loss, denominator):
+    """d loss / d logp_t = -A ρ_t / n where min() took the unclipped term, 0 where it took the clipped one."""
+    new = NEW.clone().requires_grad_(True)
+    value, _ = policy_loss(new, OLD, ADV, MASK, loss=loss, clip_low=0.2, clip_high=0.28, max_len=4)
+    value.backward()
+    # ratios [[1.5, 0.9], [0.5, 1.1]], A [1, -1]: 1.5 is clipped at 1.28 (A > 0), 0.5 at 0.8 (A < 0)
+    want = torch.tensor([[0.0, -0.9], [0.0, 1.1]]) / denominator
+    assert torch.allclose(new.grad, want, atol=1e-7)
+
+
 def test_gspo_sequence_ratio_and_clip():
     loss, m = policy_loss(NEW, OLD, ADV, MASK, loss="gspo", clip_low=0.2, clip_high=0.28)
     s0, s1 = math.sqrt(1.5 * 0.9), math.sqrt(0.5 * 1.1)
@@ -73,7 +84,11 @@ def test_icepop_masks_tokens_outside_band():
     roll = torch.log(torch.tensor([[1 / 3, 2.0], [1.0, 1 / 0.4]]))  # w = [3, 0.5, 1, 0.4]
     w, mask, m = correction_weights(OLD, roll, MASK, kind="icepop", cap=2.0)
     assert mask.tolist() == [[False, True], [True, False]]
+    assert torch.allclose(w[mask], torch.tensor([0.5, 1.0]))  # inside the band: the untruncated ratio
     assert m["is/masked_frac"] == 0.5
+    loss, _ = policy_loss(NEW, OLD, ADV, MASK, loss="grpo", clip_low=0.2, clip_high=0.28, rollout_logp_BT=roll,
+                          is_correction="icepop", is_cap=2.0)
+    assert abs(float(loss) - (-0.9 * 0.5 + 0.8 * 1.0) / 2) < 1e-6  # the kept tokens only, each weighted
 
 
 def test_mis_masks_whole_sequences():

@@ -70,6 +70,10 @@ def test_corrupt_payloads_are_refused():
     big = encode_routes(torch.tensor([[1, 2, 3]]), "rank", 7)  # C(7,3) = 35 needs 6 bits: 63 is not a rank
     with pytest.raises(RoutesError, match="rank"):
         decode_routes(big.index_fill(0, torch.tensor([0]), 63), "rank", (1, 3), 7)
+    huge = encode_routes(torch.arange(128)[None], "rank", 256)  # C(256, 128) < 2^252: 252 one bits (the last
+    # byte's 4 padding bits left zero) is not a rank
+    with pytest.raises(RoutesError, match=r"a rank is >= C\(256, 128\)"):  # the multi-limb check
+        decode_routes(torch.full_like(huge, 255).index_fill(0, torch.tensor([31]), 0x0f), "rank", (1, 128), 256)
     with pytest.raises(RoutesError, match="unknown routes codec"):
         decode_routes(big, "zstd", (1, 3), 7)
     with pytest.raises(RoutesError, match="duplicate"):
