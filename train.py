@@ -1,6 +1,6 @@
 """GRPO with Rollout Routing Replay (R3) on a toy task, or on a real Qwen3-MoE.  `python train.py --r3`
 
-Every step runs four phases, each a function below, in this order:
+Every step runs these phases, each a function, in this order:
   collect              draw prompts; the engine (its own copy of the weights at --rollout-dtype) samples G
                        responses each and records the experts it routed every token to; rewards → advantages
   old_policy           the fp32 trainer re-scores the samples without grad: π_old, the routes the update will
@@ -9,7 +9,8 @@ Every step runs four phases, each a function below, in this order:
                        it (R2's routes, the trainer's π_old)
   update               --mini-steps optimizer steps; each forward replays the rollout's routes (r3), the routes of
                        the old-policy pass (r2), or lets the router choose (none)              (r3/grpo.py)
-  log_guard_checkpoint weight sync trainer → engine, one log line and metrics.jsonl, collapse guard, checkpoint
+  sync_engine          weight sync trainer → engine
+  log_guard_checkpoint one log line and metrics.jsonl, collapse guard, checkpoint
 
 Every flag lives in `r3/config.py`. A real model: `--model PATH` (an HF Qwen3-MoE folder with tokenizer.json) with
 `--task jsonl:FILE`; under `torchrun --nproc_per_node=N` the trainer is sharded with FSDP2 and each rank samples its
@@ -42,7 +43,7 @@ from r3.grpo import loss_denominator, policy_loss
 from r3.guard import CollapseGuard
 from r3.hf import load_config
 from r3.inspect import dump_samples
-from r3.launch import check_mini_steps, load_policy_and_task, read_disk_rollouts
+from r3.launch import check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts
 from r3.io import atomic_write_json, read_jsonl
 from r3.memory import format_plan, memory_plan
 from r3.metrics import MISMATCH_KEYS, flip_stats, kl_k3
@@ -386,12 +387,10 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     torch.manual_seed(cfg.seed)
     configure_cpu(cfg.threads)
     rank, world, device = setup_distributed() if cfg.model else (0, 1, torch.device("cpu"))
-    p = load_policy_and_task(cfg, world, device)
-    num_shards = cfg.num_shards(world)
-    if cfg.prompts_per_step % num_shards:
-        sys.exit(f"error: --prompts-per-step {cfg.prompts_per_step} does not split into {num_shards} equal shards")
+    num_shards = check_shards(cfg, world)  # before the model loads (at 30B, minutes)
     if not cfg.rollouts:
         check_mini_steps(cfg.mini_steps, cfg.prompts_per_step * cfg.group_size // num_shards, "a step", rank == 0)
+    p = load_policy_and_task(cfg, world, device)
     disk = read_disk_rollouts(cfg, p, num_shards, rank == 0)
     folder = open_folder(cfg, out) if rank == 0 else None
     mine = my_shards(num_shards, rank, world)
@@ -511,12 +510,14 @@ def dry_run(cfg: TrainConfig) -> None:
     if env_world and cfg.world_size and env_world != cfg.world_size:
         sys.exit(f"error: --world-size {cfg.world_size} disagrees with torchrun's WORLD_SIZE {env_world}")
     world = env_world or cfg.world_size or 1
+    num_shards = check_shards(cfg, world)  # the plan is of a launch that train.py would accept
+    check_mini_steps(cfg.mini_steps, cfg.prompts_per_step * cfg.group_size // num_shards, "a step", lead=False)
     if cfg.model:  # (--dense with --model is refused by the config)
         model_cfg = load_config(cfg.model)[0]
     else:  # a jsonl task has no toy vocabulary to widen the preset to
         model_cfg = preset_config(cfg.preset, None if cfg.task.startswith("jsonl:") else make_task(cfg.task),
                                   dense=cfg.dense)
-    rows = math.ceil(cfg.prompts_per_step * cfg.group_size / cfg.num_shards(world) / cfg.mini_steps)
+    rows = math.ceil(cfg.prompts_per_step * cfg.group_size / num_shards / cfg.mini_steps)
     plan = memory_plan(model_cfg, world, param_dtype=FSDP_PARAM_DTYPES[cfg.fsdp_param_dtype],
                        seq_len=cfg.plan_seq_len, micro_batch=rows, vocab_chunk=cfg.logprob_chunk or 1024,
                        activation_checkpointing=cfg.activation_checkpointing)

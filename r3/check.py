@@ -30,6 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from r3.batch import Batch, TENSORS, load_batch, rollout_folders
+from r3.config import RolloutConfig
 from r3.errors import InputError, run_main
 from r3.moe import RoutesError
 from r3.metrics import kl_k3
@@ -235,9 +236,11 @@ def main(argv=None) -> int:
     src.add_argument("--preset", help="toy preset, rebuilt and warmed up as rollout.py does")
     src.add_argument("--model", help="HF Qwen3-MoE folder, or an r3 safetensors checkpoint file")
     ap.add_argument("--arch", help="preset architecture of a checkpoint file without a config in its metadata")
-    ap.add_argument("--task", default="sort", help="--preset: the warm-up task (as rollout.py)")
-    ap.add_argument("--warmup-steps", type=int, default=80, help="--preset: warm-up steps (as rollout.py)")
-    ap.add_argument("--init-seed", type=int, default=0, help="--preset: init seed (as rollout.py)")
+    ap.add_argument("--task", default=RolloutConfig.task, help="--preset: the warm-up task (default: rollout.py's, %(default)s)")
+    ap.add_argument("--warmup-steps", type=int, default=RolloutConfig.warmup_steps,
+                    help="--preset: warm-up steps (default: rollout.py's, %(default)s)")
+    ap.add_argument("--init-seed", type=int, default=RolloutConfig.init_seed,
+                    help="--preset: init seed (default: rollout.py's, %(default)s)")
     ap.add_argument("--cache-dir", default=".cache/warmup", help="--preset: warm-up cache")
     ap.add_argument("--json", help="also write the report here")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")

@@ -128,6 +128,19 @@ def read_disk_rollouts(cfg: TrainConfig, p: Policy, num_shards: int, lead: bool)
     return disk
 
 
+def check_shards(cfg: TrainConfig, world: int) -> int:
+    """The step's data shards (`--shards`, default the world size), refused before any model is loaded unless
+    every rank gets the same number of them and each holds the same number of prompts."""
+    n = cfg.num_shards(world)
+    if n % world:
+        sys.exit(f"error: --shards {n} is not a multiple of the world size {world}: every rank needs the same number "
+                 f"of shards (FSDP forwards are collective)")
+    if cfg.prompts_per_step % n:
+        sys.exit(f"error: --prompts-per-step {cfg.prompts_per_step} does not split into {n} equal shards (--shards "
+                 f"must divide it)")
+    return n
+
+
 def check_mini_steps(k: int, rows: int, what: str, lead: bool) -> None:
     """--mini-steps K beyond the rows of a step's shard is refused; K that torch.chunk (in `update`) cuts into fewer
     minibatches (6 rows, K = 4: 3 of 2 rows) gets a one-line note."""

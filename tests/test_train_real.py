@@ -120,6 +120,27 @@ def test_dry_run_prints_the_30b_plan_from_config_only(tmp_path):
 
 
 @pytest.mark.parametrize("argv, words", [
+    (["--shards", "128"], "--prompts-per-step 16 does not split into 128 equal shards"),
+    (["--shards", "12", "--prompts-per-step", "12"], "--shards 12 is not a multiple of the world size 8"),
+    (["--shards", "8", "--prompts-per-step", "8", "--group-size", "2", "--mini-steps", "4"],
+     "--mini-steps 4 is more than the 2 rows"),
+])
+def test_a_shard_layout_training_would_refuse_is_refused_by_the_dry_run_too(tmp_path, argv, words):
+    (tmp_path / "q30b").mkdir()
+    (tmp_path / "q30b" / "config.json").write_text(json.dumps(QWEN3_30B_A3B_CONFIG))
+    r = train(["--model", str(tmp_path / "q30b"), "--dry-run", "--world-size", "8", *argv], tmp_path)
+    assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_a_bad_shard_layout_is_refused_before_the_model_loads(tmp_path):
+    """The checkpoint folder does not exist: the refusal names the shards, so it came before any loading."""
+    r = train(["--model", str(tmp_path / "absent"), "--task", "jsonl:qa.jsonl", "--shards", "3", "--out", "o"],
+              tmp_path)
+    assert r.returncode == 1 and "does not split into 3 equal shards" in r.stderr, r.stderr[-3000:]
+    assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.parametrize("argv, words", [
     (["--model", "CKPT", "--task", "sort"], "--model needs --task jsonl:FILE"),
     (["--task", "jsonl:qa.jsonl"], "needs --model PATH"),
     (["--model", "CKPT", "--task", "jsonl:qa.jsonl", "--dense"], "no dense twin"),
