@@ -32,6 +32,7 @@ import r3.moe
 from experiments.common import fmt, markdown_table, write_results
 from experiments.stats import paired_permutation_test
 from r3.engine import Engine
+from r3.errors import run_main
 from r3.score import old_policy_pass
 from r3.tasks import EOS, PAD, make_task
 from r3.warmup import load_model
@@ -136,4 +137,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

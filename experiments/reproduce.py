@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from r3.errors import run_main
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DETERMINISTIC = ("deterministic on CPU: fixed seeds, one torch thread for the warm-up, sampling and scoring "
@@ -404,4 +406,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))
