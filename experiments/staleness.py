@@ -127,15 +127,18 @@ def cell_run(cell: str, seed: int, lr: float, runs_dir: str, common: str = HEADL
 
 def blocks(rows: list[dict], k: int) -> list[dict]:
     """k consecutive steps as one (n1fresh: the samples of one N = 4 step): mean reward, the last held-out
-    evaluation, the largest grad norm, the sum of losses; step = the block's index."""
+    evaluation, the largest grad norm (a non-finite one if any), the sum of losses; step = the block's index. A
+    run that stopped early keeps its last, shorter block, so the step that stopped it is still read."""
     if k == 1:
         return rows
     out = []
-    for i in range(0, len(rows) - len(rows) % k, k):
+    for i in range(0, len(rows), k):
         b = rows[i:i + k]
         evals = [r for r in b if r.get("eval/accuracy") is not None]
-        out.append(dict(step=i // k, reward=sum(r["reward"] for r in b) / k, loss=sum(r["loss"] for r in b),
-                        grad_norm=max(r["grad_norm"] for r in b), kl=_mean([r.get("kl") for r in b]),
+        norms = [r["grad_norm"] for r in b]
+        out.append(dict(step=i // k, reward=sum(r["reward"] for r in b) / len(b), loss=sum(r["loss"] for r in b),
+                        grad_norm=next((g for g in norms if not math.isfinite(g)), max(norms)),
+                        kl=_mean([r.get("kl") for r in b]),
                         **({"eval/accuracy": evals[-1]["eval/accuracy"]} if evals else {})))
     return out
 

@@ -1,10 +1,10 @@
 """What this proves: the staleness grid's statistics are exact (Fisher's test and the permutation test against
 hand-computed values), its pre-registered sustained-collapse rule fires on sustained falls and not on single dips,
-its n1fresh controls keep N = 4's samples and optimizer steps, neighbouring cells differ in one flag, and the grid
-runs end to end at a tiny size (every cell, aliases, tests, figure), refuses to run without a chosen LR, reports
-a partial grid as partial, and makes the same tables from its committed run records alone (no run folders): a
-record round-trips its run's metrics, is byte-identical when remade, refuses other flags, and a damaged one is
-named in one clear error."""
+its n1fresh controls keep N = 4's samples and optimizer steps (read in blocks that keep a non-finite step),
+neighbouring cells differ in one flag, and the grid runs end to end at a tiny size (every cell, aliases, tests,
+figure), refuses to run without a chosen LR, reports a partial grid as partial, and makes the same tables from its
+committed run records alone (no run folders): a record round-trips its run's metrics, is byte-identical when remade,
+refuses other flags, and a damaged one is named in one clear error."""
 import json
 import math
 import os
@@ -32,6 +32,9 @@ def test_fisher_and_permutation_exact():
     # [1, 2] vs [3, 4]: of the 6 splits only the observed one and its mirror reach |diff| = 2
     assert math.isclose(permutation_test([1, 2], [3, 4]), 2 / 6)
     assert permutation_test([1, 1, 1], [1, 1, 1]) == 1.0 and permutation_test([], [1.0]) == 1.0
+    # two equal values stored 5e-8 apart (7 significant digits of an fp32 number) still tie: swapping them gives a
+    # split as extreme as the observed one, so 4 of the 6 splits count, not 2
+    assert math.isclose(permutation_test([0.0, 1.0], [1.0 + 5e-8, 2.0]), 4 / 6)
     # paired: 4 positive differences; of the 16 sign flips only all-plus and all-minus reach |mean| = 2.5
     assert math.isclose(paired_permutation_test([1, 2, 3, 4]), 2 / 16)
     assert paired_permutation_test([1, -1, 1, -1]) == 1.0 and paired_permutation_test([]) == 1.0
@@ -55,6 +58,15 @@ def test_sustained_rule():
     assert why == "reward_drop" and 20 < step < 30
     assert S.sustained_collapse([row(0), row(1, grad_norm=float("inf"))]) == (1, "nonfinite")
     assert S.max_drawdown(evals([0.2, 0.9, 0.5, 0.8])) == 0.9 - 0.5
+
+
+def test_n1fresh_blocks_keep_a_non_finite_grad_norm_and_a_short_last_block():
+    rows = [row(s, reward=0.5, acc=0.5 if s == 3 else None) for s in range(4)]
+    rows += [row(4, grad_norm=2.0), row(5, grad_norm=float("nan"))]  # a run stopped at step 5 by a NaN
+    b = S.blocks(rows, 4)
+    assert [x["step"] for x in b] == [0, 1] and b[0]["eval/accuracy"] == 0.5 and b[0]["grad_norm"] == 1.0
+    assert math.isnan(b[1]["grad_norm"]) and b[1]["reward"] == 0.5  # the mean of the two steps it holds
+    assert S.sustained_collapse(b) == (1, "nonfinite")
 
 
 def test_relative_rule_sees_falls_the_absolute_one_cannot():
