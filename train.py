@@ -39,7 +39,7 @@ from r3.evaluate import evaluate
 from r3.fidelity import gradient_fidelity
 from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, save_hf_checkpoint, setup_distributed,
                      sync_engine)
-from r3.grpo import loss_denominator, policy_loss
+from r3.grpo import MAX_METRICS, loss_denominator, policy_loss
 from r3.guard import CollapseGuard
 from r3.hf import load_config
 from r3.inspect import dump_samples
@@ -198,7 +198,7 @@ def mini_step(run: Run, picked: list[tuple[Rollout, OldPolicy, torch.Tensor]],
     grad_norm = clip_grad_norm(model.parameters(), cfg.grad_clip)
     if math.isfinite(grad_norm) and math.isfinite(loss_value):
         run.opt.step()  # a non-finite step is skipped (and reported by the guard), never applied
-    return loss_value, grad_norm, dict(global_mean(parts), **{"grpo/loss": loss_value})
+    return loss_value, grad_norm, dict(global_mean(parts, maxima=MAX_METRICS), **{"grpo/loss": loss_value})
 
 
 @torch.no_grad()
@@ -247,7 +247,7 @@ def step_metrics(run: Run, rollouts: list[Rollout], olds: list[OldPolicy], mini_
                 response_length=rows["response_length"], exact=rows["exact"], runaway_frac=rows["runaway_frac"],
                 loss=sum(losses) / len(losses), grad_norm=math.nan if any(map(math.isnan, grad_norms)) else
                 max(grad_norms), clip_frac=mean("grpo/clip_frac"), lr=run.opt.param_groups[0]["lr"], **groups,
-                **{k: max(x[k] for x in lms) if k.startswith("grpo/max_") else mean(k) for k in lms[0]
+                **{k: max(x[k] for x in lms) if k in MAX_METRICS else mean(k) for k in lms[0]
                    if k not in ("grpo/loss", "grpo/clip_frac", "staleness/router_flip_rate")},
                 **{"staleness/router_flip_rate": sum(stale) / len(stale) if stale else None})
 

@@ -77,14 +77,32 @@ def cell_run(cell: str, seed: int, runs_dir: str, common: str) -> tuple[str, lis
 def summary(commit: str | None, rows: list[dict], T: int) -> dict:
     m = run_summary(commit, rows, acc=ACC)
     m["secondary_step"], m["secondary_why"] = sustained_collapse(rows, ACC, **RELATIVE)
-    pairs = [(r["seq_is/var_log_w"], 2 * r["kl"] * r["response_length"]) for r in rows
-             if r.get("kl") is not None and r.get("seq_is/var_log_w") is not None]
+    measured = [r for r in rows if r.get("kl") is not None and r.get("seq_is/var_log_w") is not None]
+    pairs = [(r["seq_is/var_log_w"], 2 * r["kl"] * r["response_length"]) for r in measured]
     m.update(length=T, mean_ess=_mean([r.get("seq_is/ess_frac") for r in rows]),
              min_ess=min((r["seq_is/ess_frac"] for r in rows if r.get("seq_is/ess_frac") is not None), default=None),
              mean_var_log_w=_mean([v for v, _ in pairs]), predicted_var_log_w=_mean([p for _, p in pairs]),
+             mean_response_length=_mean([r["response_length"] for r in measured]),
              max_log_w=max((r["seq_is/max_log_w"] for r in rows if r.get("seq_is/max_log_w") is not None),
                            default=None))
     return m
+
+
+def extrapolate(summ: dict) -> tuple[float | None, float | None, str]:
+    """No replay's Var[log w] per sampled token and per unit of nominal T (lines through 0 over its runs), and the
+    sentence that says where its ESS ≈ exp(-Var[log w]) would fall below 5 % (Var[log w] > ln 20). Var[log w] ≈
+    2·kl·(tokens sampled), so the per-token line is the one the theory speaks of; responses stop short of T."""
+    runs = [r for c, d in summ.items() if c.startswith("fp8-router/none/") for r in d["runs"].values()
+            if r["mean_var_log_w"]]
+    if not runs:
+        return None, None, ""
+    var = sum(r["mean_var_log_w"] for r in runs)
+    slope, slope_T = var / sum(r["mean_response_length"] for r in runs), var / sum(r["length"] for r in runs)
+    return slope, slope_T, (
+        f"No replay's measured Var[log w] grows {fmt(slope)} per sampled token (a line through 0 against each run's "
+        f"mean response length): its ESS would fall below 5 % at responses of ≈ {fmt(math.log(20) / slope, spec='.0f')}"
+        f" tokens. Against the nominal T instead (responses stop short of it): {fmt(slope_T)} per unit of T, "
+        f"T ≈ {fmt(math.log(20) / slope_T, spec='.0f')}")
 
 
 def t_star(cells_summ: dict, arm: str, lengths, key: str = "collapsed") -> int | None:
@@ -281,12 +299,7 @@ def main(argv=None):
                    f" {fmt(_mean([r['mean_var_log_w'] for r in rs]))} | "
                    f"{fmt(_mean([r['predicted_var_log_w'] for r in rs]))} | "
                    f"{fmt(max((r['max_log_w'] for r in rs if r['max_log_w'] is not None), default=None))} |")
-    none_var = [(d["runs"][s]["length"], d["runs"][s]["mean_var_log_w"]) for c, d in summ.items()
-                if c.startswith("fp8-router/none/") for s in d["runs"] if d["runs"][s]["mean_var_log_w"]]
-    slope = sum(v for _, v in none_var) / sum(t for t, _ in none_var) if none_var else None
-    extrapolation = (f"No replay's measured Var[log w] grows {fmt(slope)} per token (a line through 0 over its "
-                     f"runs): its ESS would fall below 5 % at T ≈ {fmt(math.log(20) / slope, spec='.0f')}"
-                     if slope else "")
+    slope, slope_T, extrapolation = extrapolate(summ)
     status = "" if complete else f"**partial**: {sum(d['n'] for d in summ.values())} of {len(plan)} runs finished"
     md = "\n\n".join(x for x in [
         f"Rule (fixed before any run): {PRIMARY_TEXT}; held-out metric `{ACC}`. Secondary (fixed before any grid "
@@ -303,7 +316,8 @@ def main(argv=None):
     write_results(os.path.join(args.out, "grid.json"),
                   dict(steps=args.steps, lengths=list(args.lengths), seeds=list(args.seeds), rule=PRIMARY_TEXT,
                        heldout_metric=ACC, secondary_rule=RELATIVE_TEXT, complete=complete, common=args.common,
-                       cells=summ, tests=ts, t_star=stars, t_star_relative=stars_rel, var_log_w_per_token=slope), t0=t0, md=md)
+                       cells=summ, tests=ts, t_star=stars, t_star_relative=stars_rel, var_log_w_per_token=slope,
+                       var_log_w_per_unit_T=slope_T), t0=t0, md=md)
 
 
 if __name__ == "__main__":

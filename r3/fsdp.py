@@ -190,8 +190,9 @@ def global_sum(x: float) -> float:
     return all_reduce_sum(torch.tensor(x, dtype=torch.float64, device=_wire_device())).item()
 
 
-def global_mean(parts: list[tuple[dict, float]]) -> dict:
-    """Per key, Σ value·weight / Σ weight over this rank's parts and then over all ranks.
+def global_mean(parts: list[tuple[dict, float]], maxima: tuple[str, ...] = ()) -> dict:
+    """Per key, Σ value·weight / Σ weight over this rank's parts and then over all ranks; the keys in `maxima`
+    (largest-value metrics) take the largest value instead.
 
     parts: (metrics, weight) pairs with the same keys everywhere. A None value stays None (e.g. kl_full when not
     computed); a part of weight 0 is skipped (its NaN means "no tokens"); no weight at all gives NaN.
@@ -201,15 +202,20 @@ def global_mean(parts: list[tuple[dict, float]]) -> dict:
     if len(parts) == 1 and not is_distributed():
         return dict(parts[0][0])
     acc = torch.zeros(2, len(keys), dtype=torch.float64)
+    top = torch.full((len(keys),), -math.inf, dtype=torch.float64)
     for metrics, w in parts:
         for i, k in enumerate(keys):
             if metrics[k] is not None and w > 0:
                 acc[0, i] += float(metrics[k]) * w
                 acc[1, i] += w
+                top[i] = torch.maximum(top[i], torch.tensor(float(metrics[k]), dtype=torch.float64))  # NaN stays
     if is_distributed():
         acc = all_reduce_sum(acc.to(_wire_device())).cpu()
-    return {k: None if parts[0][0][k] is None else (acc[0, i] / acc[1, i]).item() if acc[1, i] > 0 else math.nan
-            for i, k in enumerate(keys)}
+        top = top.to(_wire_device())
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        top = top.cpu()
+    return {k: None if parts[0][0][k] is None else math.nan if acc[1, i] == 0 else
+            top[i].item() if k in maxima else (acc[0, i] / acc[1, i]).item() for i, k in enumerate(keys)}
 
 
 def _wire_device() -> torch.device:

@@ -16,8 +16,11 @@ Policy losses (`policy_loss`), ρ_t = π_θ(y_t) / π_old(y_t), with π_old the 
            −sg[w(y)] · A · Σ_t log π_θ(y_t), w(y) = exp Σ_t (log π_θ(y_t) − log π_rollout(y_t)), over all response
            tokens of the batch (token-mean, as grpo). w carries the whole train/inference mismatch of the sequence:
            Var[log w] ≈ 2·KL·T grows with the response length T. --is-correction applies to w(y): tis truncates it
-           at C, mis drops the rows outside [1/C, C] (their tokens stay in the denominator). Logged: seq_is/ess_frac
-           = (Σw)² / Σw² / rows (the effective sample size of the raw weights), seq_is/max_log_w, seq_is/var_log_w.
+           at C, mis drops the rows outside [1/C, C] (their tokens stay in the denominator). A w that overflows
+           (log w > 88 in fp32) makes the untruncated loss non-finite, which the collapse guard reports; a dropped
+           row or one with A = 0 adds nothing. Logged: seq_is/ess_frac = (Σw)² / Σw² / rows (the effective sample
+           size of the raw weights, computed from log w so it cannot overflow), seq_is/max_log_w (the largest
+           over mini-steps and data shards), seq_is/var_log_w (population variance over the rows).
 
 Rollout correction (`--is-correction`), w_t = π_old(y_t) / π_rollout(y_t), the engine-vs-trainer mismatch ratio:
   tis     multiply each token's loss by min(w_t, C)                        (truncated IS, Yao et al.)
@@ -118,6 +121,9 @@ def policy_loss(logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.T
                    "grpo/max_abs_log_ratio": max_log_ratio, **is_metrics}
 
 
+MAX_METRICS = ("grpo/max_abs_log_ratio", "seq_is/max_log_w")  # reduced over mini-steps and shards by max
+
+
 def seq_is_loss(logp_BT, old_logp_BT, rollout_logp_BT, adv_B, mask_BT, *, is_correction: str, is_cap: float,
                 denominator: float | None) -> tuple[torch.Tensor, dict]:
     """`policy_loss(loss="seq_is")`: see the module docstring."""
@@ -132,10 +138,12 @@ def seq_is_loss(logp_BT, old_logp_BT, rollout_logp_BT, adv_B, mask_BT, *, is_cor
     elif is_correction == "mis":
         keep = has & (log_w.abs() <= math.log(is_cap))
         metrics["is/masked_frac"] = float((~keep & has).sum() / has.sum().clamp(min=1))
-    tok = -(w * adv_B * keep)[:, None] * logp_BT
+    # a dropped row, or a row whose advantage is 0, adds nothing, even where w overflowed to inf (inf · 0 is NaN)
+    coef_B = torch.where(keep & (adv_B != 0), w * adv_B, 0.0)
+    tok = -coef_B[:, None] * logp_BT
     value = (tok * mask_BT).sum() / (mask_BT.sum().clamp(min=1) if denominator is None else denominator)
     lw = log_w[has].double()
-    raw = lw.exp()
+    raw = (lw - lw.max()).exp() if len(lw) else lw  # the ESS is scale-free: shifted, exp cannot overflow
     log_ratio = (logp_BT - old_logp_BT).detach().masked_fill(~mask_BT, 0.0)
     return value, {"grpo/loss": float(value.detach()), "grpo/clip_frac": 0.0,
                    "grpo/ratio_mean": float(log_ratio.exp()[mask_BT].mean()) if mask_BT.any() else 1.0,

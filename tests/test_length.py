@@ -1,7 +1,8 @@
 """What this proves: chain:T is a long-answer task with a two-token prompt whose reward scores each position against
 the permutation of the response's own previous token (one slip costs one position, not the rest); presets widen
 their positions to fit it; and experiments.length runs its grid end to end at a tiny size (every cell and control,
-ESS and Var[log w] telemetry, T*, tests, figure) and reports a partial grid as partial."""
+ESS and Var[log w] telemetry, T*, tests, figure), extrapolates the 5 % ESS length per sampled token, and reports a
+partial grid as partial."""
 import json
 import os
 import subprocess
@@ -38,6 +39,19 @@ def test_chain_task():
     assert again.prompt == ex.prompt and again.answer[0] == SYMBOL0 + Cipher.PI[ex.prompt[0] - SYMBOL0]
 
 
+def test_the_5_percent_ess_length_is_extrapolated_per_sampled_token():
+    """Responses that stop at a quarter of T: Var[log w] grows with the tokens sampled, not with the nominal T."""
+    from experiments.length import extrapolate
+    run = lambda T, var: dict(length=T, mean_response_length=T / 4, mean_var_log_w=var)  # noqa: E731
+    summ = {"fp8-router/none/T64": {"runs": {"0": run(64, 0.016)}},  # 0.001 per sampled token
+            "fp8-router/none/T256": {"runs": {"0": run(256, 0.064)}},
+            "fp8-router/r3/T256": {"runs": {"0": run(256, 9.0)}}}  # other arms are not in the fit
+    slope, slope_T, text = extrapolate(summ)
+    assert abs(slope - 1e-3) < 1e-12 and abs(slope_T - 2.5e-4) < 1e-12
+    assert "responses of ≈ 2996 tokens" in text and "T ≈ 11983" in text  # ln 20 / slope
+    assert extrapolate({}) == (None, None, "")
+
+
 def test_length_grid_end_to_end(tmp_path):
     common = ("--preset toy --warmup-steps 3 --prompts-per-step 2 --group-size 2 --mini-steps 1 --loss seq_is "
               "--old-logp engine --grad-clip inf --eval-every 1 --eval-prompts 2 --eval-samples 1 --val-every 0 "
@@ -51,6 +65,7 @@ def test_length_grid_end_to_end(tmp_path):
     assert {"fp8-router/none+mis/T8", "fp8-router/none+tis/T8"} <= set(data["cells"])
     run = data["cells"]["fp8-router/none/T8"]["runs"]["0"]
     assert 0 < run["mean_ess"] <= 1 and run["mean_var_log_w"] >= 0 and run["predicted_var_log_w"] >= 0
+    assert 0 < run["mean_response_length"] <= 8 + 1
     assert set(data["t_star"]) == {"fp8-router/none", "fp8-router/r3", "fp32/none", "fp8-router/none+mis",
                                    "fp8-router/none+tis"}
     assert set(data["t_star_relative"]) == set(data["t_star"])

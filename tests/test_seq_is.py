@@ -1,7 +1,8 @@
-"""What this proves: --loss seq_is is the sequence-level importance-weighted policy gradient: its gradient with
-respect to each token's log-prob equals the hand-computed -w(y)·A/n_tokens (w from the engine's log-probs, not
-differentiated), tis truncates w at C, mis zeroes the rows outside [1/C, C], and its telemetry (effective sample
-size, largest log w, Var[log w]) matches a direct computation; train.py runs it with TIS against the engine."""
+"""What this proves: --loss seq_is is the sequence-level importance-weighted policy gradient: its gradient with respect
+to each token's log-prob equals the hand-computed -w(y)·A/n_tokens (w from the engine's log-probs, not
+differentiated), tis truncates w at C, mis zeroes the rows outside [1/C, C] (even where w overflowed), and its
+telemetry (effective sample size, largest log w, Var[log w]) matches a direct computation; train.py runs it with TIS
+against the engine."""
 import json
 import math
 import os
@@ -53,6 +54,24 @@ def test_gradient_by_hand(kind):
     assert loss_denominator(logp, rollout, mask, loss="seq_is", is_correction=kind) == n
     if kind == "mis":
         assert m["is/masked_frac"] == sum(abs(x) > math.log(cap) for x in log_w) / 4
+
+
+def test_an_overflowing_weight_is_dropped_by_mis_and_leaves_the_telemetry_finite():
+    """log w = 400 overflows w to inf in fp32 (and w² in fp64): MIS drops that row and the loss stays finite, a row
+    with A = 0 adds nothing even at w = inf, and the ESS still reads two effective rows of three."""
+    logp = torch.zeros(3, 2, requires_grad=True)
+    rollout = torch.tensor([[-200.0, -200.0], [-200.0, -200.0], [0.1, 0.0]])  # log w = 400, 400, -0.1
+    adv, mask = torch.tensor([1.0, 0.0, -1.0]), torch.ones(3, 2, dtype=torch.bool)
+    loss, m = policy_loss(logp, rollout, adv, mask, loss="seq_is", rollout_logp_BT=rollout, is_correction="mis",
+                          is_cap=2.0)
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()
+    assert torch.equal(logp.grad[:2], torch.zeros(2, 2))  # dropped (row 0), A = 0 (row 1)
+    assert math.isclose(float(logp.grad[2, 0]), math.exp(-0.1) / 6, rel_tol=1e-6)  # -w·A/n, kept: |log w| < log 2
+    assert math.isclose(m["seq_is/ess_frac"], 2 / 3, rel_tol=1e-6)  # two equal dominant weights: ESS 2 of 3 rows
+    assert m["seq_is/max_log_w"] == 400.0
+    loss, _ = policy_loss(logp, rollout, adv, mask, loss="seq_is", rollout_logp_BT=rollout, is_correction="none")
+    assert not math.isfinite(loss.item())  # untruncated, an infinite weight is an infinite loss: the guard's to see
 
 
 def test_train_py_runs_seq_is(tmp_path):

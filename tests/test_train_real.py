@@ -13,6 +13,8 @@ import torch
 
 from conftest import GLOO_ABORT
 from r3.config import TrainConfig, parse
+from r3.fsdp import global_mean
+from r3.grpo import MAX_METRICS
 from r3.hf import load_pretrained, save_pretrained
 from r3.model import ModelConfig, build_model
 from test_hf_parity import QWEN3_30B_A3B_CONFIG
@@ -117,6 +119,17 @@ def test_dry_run_prints_the_30b_plan_from_config_only(tmp_path):
     r = train(["--preset", "toy", "--task", "jsonl:qa.jsonl", "--dry-run"], tmp_path)  # a preset, a text task
     assert r.returncode == 0 and "world 1" in r.stdout, r.stderr[-3000:]
     assert not os.path.exists(tmp_path / "runs")  # a dry run writes nothing
+
+
+def test_shard_metrics_are_weighted_means_and_largest_values_stay_largest():
+    """Data shards of one process (the ranks of a torchrun add an all-reduce of the same sums and maxima)."""
+    parts = [({"kl": 1.0, "grpo/max_abs_log_ratio": 0.5, "seq_is/max_log_w": 3.0, "kl_full": None}, 1.0),
+             ({"kl": 4.0, "grpo/max_abs_log_ratio": 2.0, "seq_is/max_log_w": -1.0, "kl_full": None}, 3.0)]
+    m = global_mean(parts, maxima=MAX_METRICS)
+    assert m == {"kl": (1.0 + 3 * 4.0) / 4, "grpo/max_abs_log_ratio": 2.0, "seq_is/max_log_w": 3.0, "kl_full": None}
+    nan = global_mean([({"seq_is/max_log_w": 1.0}, 1.0), ({"seq_is/max_log_w": float("nan")}, 1.0)],
+                      maxima=MAX_METRICS)
+    assert nan["seq_is/max_log_w"] != nan["seq_is/max_log_w"]  # a NaN in any shard is not hidden by the max
 
 
 @pytest.mark.parametrize("argv, words", [
