@@ -236,7 +236,8 @@ def main(argv=None) -> int:
     src.add_argument("--preset", help="toy preset, rebuilt and warmed up as rollout.py does")
     src.add_argument("--model", help="HF Qwen3-MoE folder, or an r3 safetensors checkpoint file")
     ap.add_argument("--arch", help="preset architecture of a checkpoint file without a config in its metadata")
-    ap.add_argument("--task", default=RolloutConfig.task, help="--preset: the warm-up task (default: rollout.py's, %(default)s)")
+    ap.add_argument("--task", default=RolloutConfig.task,
+                    help="--preset: the warm-up task (default: rollout.py's, %(default)s)")
     ap.add_argument("--warmup-steps", type=int, default=RolloutConfig.warmup_steps,
                     help="--preset: warm-up steps (default: rollout.py's, %(default)s)")
     ap.add_argument("--init-seed", type=int, default=RolloutConfig.init_seed,
