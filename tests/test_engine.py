@@ -58,7 +58,7 @@ def test_group_prefill_is_computed_once_per_prompt():
         assert (rows == rows[0]).all()
 
 
-def test_a_rollout_past_the_position_limit_is_refused_before_any_work():
+def test_a_rollout_past_the_position_limit_is_refused():
     engine = Engine(build_model(CFG), "bf16")
     with pytest.raises(ValueError, match=r"prompt \(5\) \+ max_new_tokens \(252\) exceeds the model's "
                                          r"max_position_embeddings \(256\)"):
