@@ -54,8 +54,9 @@ def main(argv=None):
     torch.set_num_threads(1)
     task = make_task(args.task)
     held = heldout_examples(task, args.eval_prompts)
+    held_prompts = {tuple(h.prompt) for h in held}
     other = [e for e in heldout_examples(task, 2 * args.eval_prompts, seed=OTHER_SEED)
-             if tuple(e.prompt) not in {tuple(h.prompt) for h in held}][:args.eval_prompts]
+             if tuple(e.prompt) not in held_prompts][:args.eval_prompts]
     counts = []
     for spec, steps, n_eval in [(args.task, args.warmup_steps, args.eval_prompts)] + (
             [(args.count_task, args.count_warmup_steps, args.count_eval_prompts)] if args.count_task else []):

@@ -208,12 +208,14 @@ def global_mean(parts: list[tuple[dict, float]], maxima: tuple[str, ...] = ()) -
             if metrics[k] is not None and w > 0:
                 acc[0, i] += float(metrics[k]) * w
                 acc[1, i] += w
-                top[i] = torch.maximum(top[i], torch.tensor(float(metrics[k]), dtype=torch.float64))  # NaN stays
+                if k in maxima:
+                    top[i] = torch.maximum(top[i], torch.tensor(float(metrics[k]), dtype=torch.float64))  # NaN stays
     if is_distributed():
         acc = all_reduce_sum(acc.to(_wire_device())).cpu()
-        top = top.to(_wire_device())
-        dist.all_reduce(top, op=dist.ReduceOp.MAX)
-        top = top.cpu()
+        if maxima:  # one more collective only where a caller asks for maxima (the same on every rank)
+            top = top.to(_wire_device())
+            dist.all_reduce(top, op=dist.ReduceOp.MAX)
+            top = top.cpu()
     return {k: None if parts[0][0][k] is None else math.nan if acc[1, i] == 0 else
             top[i].item() if k in maxima else (acc[0, i] / acc[1, i]).item() for i, k in enumerate(keys)}
 
