@@ -37,7 +37,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
-from experiments.staleness import RULE_TEXT, _mean, cell_table, run_summary, sustained_collapse, tests_table
+from experiments.staleness import (RULE_TEXT, _mean, cell_table, outcome_table, run_summary, sustained_collapse,
+                                   tests_table)
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
 from r3.errors import run_main
@@ -309,7 +310,8 @@ def main(argv=None):
         cell_table(summ, names, "relative"), "\n".join(ess),
         "T* (shortest length where >= half the seeds collapse): " + ", ".join(f"{a} {t}" for a, t in stars.items()),
         "T* under the secondary (relative) rule: " + ", ".join(f"{a} {t}" for a, t in stars_rel.items()),
-        extrapolation, "### Tests\n\n" + tests_table(ts)] if x)
+        extrapolation, "### Every run, by seed\n\n" + outcome_table(summ, names, args.seeds, "relative"),
+        "### Tests\n\n" + tests_table(ts)] if x)
     print(md)
     plot(done, summ, args.lengths, f"{args.common} --steps {args.steps}; {status or 'complete'}",
          os.path.join(args.out, "grid.png"))

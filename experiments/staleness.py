@@ -285,6 +285,24 @@ def cell_table(cells: dict, names: list[str], secondary: str = "any dip") -> str
     return "\n".join(lines)
 
 
+def outcome_table(cells: dict, names: list[str], seeds, secondary: str = "any dip") -> str:
+    """One row per cell, one column per seed: how each run ended, so a partial grid reads at a glance."""
+    def entry(r: dict | None) -> str:
+        if r is None:
+            return "·"
+        how = (f"**fell {r['collapse_step']}**" if r["collapse_step"] is not None else
+               f"dip {r['secondary_step']}" if r["secondary_step"] is not None else "ok")
+        return f"{how} ({fmt(r['best_heldout'])})"
+    lines = [f"`fell S`: a sustained collapse (the primary rule) first at step S; `dip S`: the secondary rule "
+             f"({secondary}) only, first at step S; `ok`: neither; in brackets the run's best held-out; `·`: not "
+             "finished yet.", "",
+             "| cell | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---" * (len(seeds) + 1) + "|"]
+    for c in names:
+        runs = cells[c]["runs"]
+        lines.append(f"| {c} | " + " | ".join(entry(runs.get(str(s), runs.get(s))) for s in seeds) + " |")
+    return "\n".join(lines)
+
+
 def tests_table(ts: list[dict]) -> str:
     lines = ["| a | b | metric | a vs b | effect (a - b) | p |", "|---|---|---|---|---|---|"]
     lines += [f"| {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])} | {t['p']:.3g} |"
@@ -378,6 +396,8 @@ def grid(args, t0: float) -> None:
     for n in MINI_STEPS:
         names = [c for c in cells if c.split("/")[2] in (f"n{n}", f"n{n}fresh")]
         parts.append(f"### N = {n} mini-step{'s' if n > 1 else ''}\n\n{cell_table(summ, names)}")
+    parts.append("### Every run, by seed\n\n" + outcome_table(summ, [c for c in cells if alias(c) == c],
+                                                               args.seeds))
     parts.append("### Tests (Fisher's exact on collapse counts, exact permutation on max drawdown)\n\n"
                  + tests_table(ts))
     md = "\n\n".join(p for p in parts if p)

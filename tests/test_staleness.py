@@ -1,10 +1,10 @@
-"""What this proves: the staleness grid's statistics are exact (Fisher's test and the permutation test against
-hand-computed values), its pre-registered sustained-collapse rule fires on sustained falls and not on single dips,
-its n1fresh controls keep N = 4's samples and optimizer steps (read in blocks that keep a non-finite step),
-neighbouring cells differ in one flag, and the grid runs end to end at a tiny size (every cell, aliases, tests,
-figure), refuses to run without a chosen LR, reports a partial grid as partial, and makes the same tables from its
-committed run records alone (no run folders): a record round-trips its run's metrics, is byte-identical when remade,
-refuses other flags, and a damaged one is named in one clear error."""
+"""What this proves: the staleness grid's statistics are exact (Fisher's test and the permutation test against hand-
+computed values), its pre-registered sustained-collapse rule fires on sustained falls and not on single dips, its
+n1fresh controls keep N = 4's samples and optimizer steps (read in blocks that keep a non-finite step), neighbouring
+cells differ in one flag, and the grid runs end to end at a tiny size (every cell, aliases, tests, figure, a by-seed
+table of how each run ended), refuses to run without a chosen LR, reports a partial grid as partial, and makes the
+same tables from its committed run records alone (no run folders): a record round-trips its run's metrics, is byte-
+identical when remade, refuses other flags, and a damaged one is named in one clear error."""
 import json
 import math
 import os
@@ -99,6 +99,15 @@ def test_cells_and_controls():
         assert val(fresh, k) == 4 * val(base, k)
 
 
+def test_outcome_table_names_each_runs_ending():
+    run = lambda c, s, best: dict(collapse_step=c, secondary_step=s, best_heldout=best)  # noqa: E731
+    cells = {"a/none/n4": dict(runs={0: run(249, 249, 0.99), 1: run(None, 799, 1.0)}),
+             "a/r3/n4": dict(runs={"0": run(None, None, 0.5)})}  # grid.json's string keys read the same
+    rows = S.outcome_table(cells, ["a/none/n4", "a/r3/n4"], [0, 1]).splitlines()
+    assert rows[-2] == "| a/none/n4 | **fell 249** (0.99) | dip 799 (1) |"
+    assert rows[-1] == "| a/r3/n4 | ok (0.5) | · |"  # seed 1 has not finished
+
+
 def test_grid_refuses_to_run_before_the_pilot_sets_lr(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "LR", None)
     with pytest.raises(SystemExit, match="LR is not set"):
@@ -111,7 +120,7 @@ def test_grid_end_to_end(tmp_path):
            "--out", "out"]
     r = subprocess.run([*cmd, "--lr", "1e-3"], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "rule (pre-registered)" in r.stdout
+    assert "rule (pre-registered)" in r.stdout and "### Every run, by seed" in r.stdout
     data = json.loads((tmp_path / "out" / "grid.json").read_text())
     assert data["complete"] and set(data["cells"]) == set(S.grid_cells())
     assert data["cells"]["fp32/r2/n1"]["alias_of"] == "fp32/none/n1"
