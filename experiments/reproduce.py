@@ -177,6 +177,11 @@ REGISTRY = (
                "until grid.json says complete: `--report` rewrites the tables from the runs finished so far and "
                "the command resumes the rest. The check remakes the tables from the committed records (the runs "
                "themselves take about 30 core-hours: 13-25 min each on one thread)"),
+    Entry("staleness_falls", "results/staleness", ("falls.json", "falls.md", "falls.png"),
+          ("python -m experiments.falls --grid results/staleness --out {out}",), wall_s=10, quick=True,
+          checks=(Check("falls.json", default="a function of the committed run records and grid.json"),),
+          note="exploratory, not pre-registered: telemetry before and during each sustained collapse of the "
+               "staleness grid against the same cell's stable seeds; partial while the grid is"),
     Entry("heldout_overlap", "results", ("heldout_overlap.json", "heldout_overlap.md"),
           ("python -m experiments.heldout_overlap --out {out}/heldout_overlap.json",), wall_s=150, quick=True,
           check_commands=("python -m experiments.heldout_overlap --score-seeds --out {out}/heldout_overlap.json",),

@@ -1,0 +1,70 @@
+"""What this proves: experiments.falls reads its windows where its docstring says (the 50 steps before the evaluation
+that preceded a collapse, and the fall itself; n1fresh's steps scaled by its block size), compares a fallen run with
+the median of its cell's stable seeds only, and on the committed staleness records finds every sustained collapse of
+grid.json once; a missing grid table is one clear error."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from experiments import falls as F
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rows(values: dict[int, float], metric: str = "grad_norm") -> list[dict]:
+    return [{"step": s, metric: v} for s, v in sorted(values.items())]
+
+
+def test_window_median_reads_lo_to_hi_and_skips_missing_and_non_finite():
+    r = rows({9: 100.0, 10: 1.0, 11: 3.0, 12: math.nan, 13: 2.0, 14: 100.0})
+    r.append({"step": 13, "entropy": 5.0})  # another metric's row: not read
+    assert F.window_median(r, "grad_norm", 10, 14) == 2.0
+    assert F.window_median(r, "grad_norm", 20, 30) is None
+
+
+def test_falls_compares_the_fallen_run_with_its_cells_stable_seeds_over_the_same_steps():
+    C = 249
+    grid = {"cells": {"e/none/n4": {"runs": {"0": {"collapse_step": C, "why": "heldout_drop"},
+                                             "1": {"collapse_step": None}, "2": {"collapse_step": None},
+                                             "3": {"collapse_step": 500, "why": "heldout_drop"}}}}}
+    fallen = {s: (4.0 if 149 <= s < 199 else 9.0 if s >= 199 else 0.1) for s in range(300)}
+    data = {("e/none/n4", "0"): rows(fallen), ("e/none/n4", "1"): rows({s: 1.0 for s in range(600)}),
+            ("e/none/n4", "2"): rows({s: 3.0 for s in range(600)}),
+            ("e/none/n4", "3"): rows({s: 50.0 for s in range(600)})}  # fell too: never a reference
+    found = F.falls(grid, data, window=50)
+    assert [(e["seed"], e["collapse_step"]) for e in found] == [(0, C), (3, 500)]
+    e = found[0]
+    assert e["window"] == [149, 199] and e["fall"] == [199, 250] and e["stable_seeds"] == [1, 2]
+    m = e["metrics"]["grad_norm"]
+    assert (m["fallen"], m["stable"], m["fallen_during"], m["stable_during"]) == (4.0, 2.0, 9.0, 2.0)
+    assert e["metrics"]["entropy"] == dict(fallen=None, stable=None, fallen_during=None, stable_during=None)
+    s = F.summarize(found)["grad_norm"]
+    assert s["n"] == 2 and s["fallen_larger"] == 2 and math.isclose(s["geo_mean_ratio"], math.sqrt(2.0 * 25.0))
+
+
+def test_n1fresh_windows_are_in_raw_steps():
+    grid = {"cells": {"e/none/n1fresh": {"runs": {"0": {"collapse_step": 150, "why": "heldout_drop"}}}}}
+    data = {("e/none/n1fresh", "0"): rows({s: 1.0 for s in range(700)})}
+    e = F.falls(grid, data, window=50)[0]
+    assert e["window"] == [200, 400] and e["fall"] == [400, 604]  # block 150 is steps 600-603
+
+
+def test_on_the_committed_staleness_records(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "experiments.falls", "--out", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    grid = json.loads((ROOT / "results" / "staleness" / "grid.json").read_text())
+    expected = sorted((c, int(s), run["collapse_step"]) for c, cell in grid["cells"].items()
+                      if not cell["alias_of"] for s, run in cell["runs"].items() if run["collapse_step"] is not None)
+    got = json.loads((tmp_path / "falls.json").read_text())
+    assert sorted((e["cell"], e["seed"], e["collapse_step"]) for e in got["falls"]) == expected
+    assert "Exploratory (not pre-registered)" in r.stdout and (tmp_path / "falls.png").stat().st_size > 10_000
+
+
+def test_a_missing_grid_is_one_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "experiments.falls", "--grid", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert f"{tmp_path}/grid.json: no grid table" in r.stderr
