@@ -13,7 +13,8 @@ Cells ENGINE/ARM/TL (every other flag COMMON, each arm one flag from its neighbo
   fp8-router/none/T   the mismatched engine, no replay       fp8-router/r3/T   the same engine, R3
   fp32/none/T         the oracle (no precision mismatch)
   at the longest length also the positive controls fp8-router/none+mis/T and fp8-router/none+tis/T
-  (--is-correction on w(y): drop the rows outside [1/C, C], or truncate w at C; C = 2).
+  (--is-correction on w(y): drop the rows outside [1/C, C], or truncate w at C; C = 2), run only when no replay
+  collapsed there in at least one seed (CONTROLS_WHEN; --controls always / never overrides it).
 The rule is experiments.staleness's sustained-collapse rule with the held-out metric eval/reward (the fraction of
 answer positions right on held-out prompts: exact match of 64+ tokens is ~0 for every arm), fixed before any run.
 Secondary rule (RELATIVE, added before any grid run, because the oracle's held-out reward at T = 1024 peaks near
@@ -104,6 +105,41 @@ def extrapolate(summ: dict) -> tuple[float | None, float | None, str]:
         f"mean response length): its ESS would fall below 5 % at responses of ≈ {fmt(math.log(20) / slope, spec='.0f')}"
         f" tokens. Against the nominal T instead (responses stop short of it): {fmt(slope_T)} per unit of T, "
         f"T ≈ {fmt(math.log(20) / slope_T, spec='.0f')}")
+
+
+CONTROLS_WHEN = ("they run once every seed of no replay at the longest length has finished, and only if at least "
+                 "one of them collapsed under the primary or the secondary rule: MIS and TIS are there to stabilise "
+                 "no replay, and without a fall there is nothing to stabilise (added at 47 of 66 runs, no replay 0 "
+                 "of 4 at T = 1024 so far, to keep the study near the issue's budget: docs/length.md)")
+
+
+def controls_needed(summ: dict, lengths, seeds: int) -> tuple[bool, str]:
+    """(run the positive controls?, why): CONTROLS_WHEN, read from the finished runs."""
+    c = summ[f"fp8-router/none/T{max(lengths)}"]
+    fell = sum((r["collapse_step"] is not None) or (r["secondary_step"] is not None) for r in c["runs"].values())
+    if c["n"] < seeds:
+        return False, f"waiting: {c['n']} of {seeds} no-replay seeds at T = {max(lengths)} have finished"
+    if fell:
+        return True, f"run: no replay collapsed in {fell} of {seeds} seeds at T = {max(lengths)}"
+    return False, (f"not run: no replay collapsed in none of its {seeds} seeds at T = {max(lengths)}, under either "
+                   "rule, so the prediction that MIS and TIS stabilise it cannot be tested here")
+
+
+def summarize(plan: list, names: list[str], steps: int, records: str) -> dict:
+    """Per cell: collapse counts and per-seed summaries of the finished runs (and, under "_done", their commit and
+    rows, for the figure)."""
+    done = {}
+    for c, s, out, flags in plan:
+        if (rec := finished(out, flags, steps, records)) is not None:
+            done.setdefault(c, {})[s] = dict(commit=rec[0]["commit"], rows=rec[1])
+    summ = {}
+    for c in names:
+        d = dict(sorted(done.get(c, {}).items()))
+        runs = {s: summary(r["commit"], r["rows"], int(c.split("/T")[-1])) for s, r in d.items()}
+        summ[c] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
+                       secondary_collapsed=sum(r["secondary_step"] is not None for r in runs.values()),
+                       alias_of=None, runs=runs, _done=d)
+    return summ
 
 
 def t_star(cells_summ: dict, arm: str, lengths, key: str = "collapsed") -> int | None:
@@ -254,6 +290,9 @@ def main(argv=None):
     p.add_argument("--sizing", action="store_true", help="time one step at each length and estimate the grid")
     p.add_argument("--learnability", action="store_true", help="the oracle, 300 steps at each length")
     p.add_argument("--report", action="store_true", help="launch nothing: tables from the finished runs")
+    p.add_argument("--controls", choices=("auto", "always", "never"), default="auto",
+                   help="the positive controls (MIS, TIS) at the longest length: auto = by CONTROLS_WHEN (after no "
+                        "replay's seeds there, only if one collapsed)")
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS), help="answer lengths T")
     p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="seeds per cell")
     p.add_argument("--steps", type=int, default=STEPS, help="RL steps per run")
@@ -271,25 +310,29 @@ def main(argv=None):
           f"length where >= half the seeds collapse")
     names, runs_dir = cells(args.lengths), os.path.join(args.out, "runs")
     # shortest length first, seed-major within a length: a partial grid holds whole lengths, balanced across cells;
-    # at the longest, the three arms' seeds before the positive controls' (these matter only if no replay falls)
-    plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for t in sorted(args.lengths) for ctl in (False, True)
-            for s in args.seeds for c in names if c.endswith(f"/T{t}") and (c.rsplit("/", 1)[0] in CONTROLS) == ctl]
+    # the positive controls at the longest length come last, and only if CONTROLS_WHEN holds (controls_needed)
+    plan = [(c, s, *cell_run(c, s, runs_dir, args.common)) for t in sorted(args.lengths) for s in args.seeds
+            for c in names if c.endswith(f"/T{t}") and c.rsplit("/", 1)[0] not in CONTROLS]
+    controls = [(c, s, *cell_run(c, s, runs_dir, args.common)) for s in args.seeds for c in names
+                if c.rsplit("/", 1)[0] in CONTROLS]
     records = args.records or os.path.join(args.out, "records")  # committed: a fresh clone resumes and reports
     if not args.report:
         run_all([(out, flags, args.steps) for _, _, out, flags in plan], jobs=args.jobs,
                 log_dir=os.path.join(runs_dir, "logs"), records=records)
-    done = {}
-    for c, s, out, flags in plan:
-        if (rec := finished(out, flags, args.steps, records)) is not None:
-            done.setdefault(c, {})[s] = (rec[0]["commit"], rec[1])
-    summ = {}
-    for c in names:
-        runs = {s: summary(o, rows, int(c.split("/T")[-1])) for s, (o, rows) in sorted(done.get(c, {}).items())}
-        summ[c] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
-                       secondary_collapsed=sum(r["secondary_step"] is not None for r in runs.values()),
-                       alias_of=None, runs=runs)
+    summ = summarize(plan + controls, names, args.steps, records)
+    needed, why = controls_needed(summ, args.lengths, len(args.seeds))
+    if args.controls != "auto":
+        needed, why = args.controls == "always", f"{'run' if args.controls == 'always' else 'not run'}: " \
+                                                 f"--controls {args.controls} (the rule was not applied)"
+    print(f"positive controls: {why}")
+    if needed and not args.report:
+        run_all([(out, flags, args.steps) for _, _, out, flags in controls], jobs=args.jobs,
+                log_dir=os.path.join(runs_dir, "logs"), records=records)
+        summ = summarize(plan + controls, names, args.steps, records)
+    done = {c: {s: (r["commit"], r["rows"]) for s, r in d.pop("_done").items()} for c, d in summ.items()}
     ts = tests(summ, args.lengths)
-    complete = all(d["n"] == len(args.seeds) for d in summ.values())
+    complete = all(d["n"] == len(args.seeds) for c, d in summ.items()
+                   if needed or c.rsplit("/", 1)[0] not in CONTROLS)
     stars = {a: t_star(summ, a, args.lengths) for a in {**ARMS, **CONTROLS}}
     stars_rel = {a: t_star(summ, a, args.lengths, "secondary_collapsed") for a in {**ARMS, **CONTROLS}}
     ess = ["| cell | mean ESS / rows | min ESS | measured Var[log w] | predicted 2·kl·T | largest log w |",
@@ -301,12 +344,16 @@ def main(argv=None):
                    f"{fmt(_mean([r['predicted_var_log_w'] for r in rs]))} | "
                    f"{fmt(max((r['max_log_w'] for r in rs if r['max_log_w'] is not None), default=None))} |")
     slope, slope_T, extrapolation = extrapolate(summ)
-    status = "" if complete else f"**partial**: {sum(d['n'] for d in summ.values())} of {len(plan)} runs finished"
+    n_ctl = sum(d["n"] for c, d in summ.items() if c.rsplit("/", 1)[0] in CONTROLS)
+    status = "" if complete else (f"**partial**: {sum(d['n'] for d in summ.values()) - n_ctl} of {len(plan)} runs "
+                                  f"of the three arms finished" + (f", {n_ctl} of {len(controls)} of the positive "
+                                                                   f"controls" if needed else ""))
     md = "\n\n".join(x for x in [
         f"Rule (fixed before any run): {PRIMARY_TEXT}; held-out metric `{ACC}`. Secondary (fixed before any grid "
         f"run): {RELATIVE_TEXT}.",
         f"Every run: `{args.common} --steps {args.steps}` with `--task chain:T` and its cell's --replay, "
         f"--rollout-dtype, --is-correction; seeds {list(args.seeds)}.", status,
+        f"Positive controls (rule: {CONTROLS_WHEN}): {why}.",
         cell_table(summ, names, "relative"), "\n".join(ess),
         "T* (shortest length where >= half the seeds collapse): " + ", ".join(f"{a} {t}" for a, t in stars.items()),
         "T* under the secondary (relative) rule: " + ", ".join(f"{a} {t}" for a, t in stars_rel.items()),
@@ -318,7 +365,7 @@ def main(argv=None):
     write_results(os.path.join(args.out, "grid.json"),
                   dict(steps=args.steps, lengths=list(args.lengths), seeds=list(args.seeds), rule=PRIMARY_TEXT,
                        heldout_metric=ACC, secondary_rule=RELATIVE_TEXT, complete=complete, common=args.common,
-                       cells=summ, tests=ts, t_star=stars, t_star_relative=stars_rel, var_log_w_per_token=slope,
+                       controls_run=needed, controls_why=why, cells=summ, tests=ts, t_star=stars, t_star_relative=stars_rel, var_log_w_per_token=slope,
                        var_log_w_per_unit_T=slope_T), t0=t0, md=md)
 
 

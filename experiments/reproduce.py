@@ -200,7 +200,8 @@ REGISTRY = (
           check_commands=("python -m experiments.length --report --records results/length/records --out {out}",),
           check_wall_s=15, quick=True,
           checks=(Check("grid.json", default="the tables are a function of the committed run records"),),
-          note="3 cells x 3 lengths + 2 controls at T = 1024, x 6 seeds x 200 steps, one record per finished run; "
+          note="3 cells x 3 lengths x 6 seeds x 200 steps, + 2 positive controls at T = 1024 only if no replay "
+               "fell there (experiments.length CONTROLS_WHEN), one record per finished run; "
                "PARTIAL until grid.json says complete (shortest length first; `--report` rewrites the tables, the "
                "command resumes). The check remakes the tables from the committed records; the runs take about "
                "16 core-hours (3 min at T = 64 to ~30 min at T = 1024 on one thread)"),

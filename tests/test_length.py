@@ -1,8 +1,8 @@
 """What this proves: chain:T is a long-answer task with a two-token prompt whose reward scores each position against
 the permutation of the response's own previous token (one slip costs one position, not the rest); presets widen
 their positions to fit it; and experiments.length runs its grid end to end at a tiny size (every cell and control,
-ESS and Var[log w] telemetry, T*, tests, figure), extrapolates the 5 % ESS length per sampled token, and reports a
-partial grid as partial."""
+ESS and Var[log w] telemetry, T*, tests, figure), extrapolates the 5 % ESS length per sampled token, reports a
+partial grid as partial, and runs its positive controls only after no replay has fallen at the longest length."""
 import json
 import os
 import subprocess
@@ -52,17 +52,34 @@ def test_the_5_percent_ess_length_is_extrapolated_per_sampled_token():
     assert extrapolate({}) == (None, None, "")
 
 
+def test_positive_controls_run_only_after_a_fall_of_no_replay_at_the_longest_length():
+    from experiments.length import controls_needed
+
+    def summ(*steps):  # (primary, secondary) collapse steps of no replay's finished seeds at T = 8
+        runs = {i: dict(collapse_step=a, secondary_step=b) for i, (a, b) in enumerate(steps)}
+        return {"fp8-router/none/T8": dict(n=len(runs), runs=runs)}
+    assert controls_needed(summ((None, None)), [4, 8], 2)[0] is False  # waiting for seed 1
+    assert "waiting: 1 of 2" in controls_needed(summ((None, None)), [4, 8], 2)[1]
+    assert controls_needed(summ((None, None), (None, None)), [4, 8], 2) == (
+        False, "not run: no replay collapsed in none of its 2 seeds at T = 8, under either rule, so the prediction "
+               "that MIS and TIS stabilise it cannot be tested here")
+    assert controls_needed(summ((None, None), (None, 120)), [4, 8], 2)[0] is True  # the secondary rule counts
+    assert controls_needed(summ((90, 90), (None, None)), [4, 8], 2) == (True, "run: no replay collapsed in 1 of 2 "
+                                                                               "seeds at T = 8")
+
+
 def test_length_grid_end_to_end(tmp_path):
     common = ("--preset toy --warmup-steps 3 --prompts-per-step 2 --group-size 2 --mini-steps 1 --loss seq_is "
               "--old-logp engine --grad-clip inf --eval-every 1 --eval-prompts 2 --eval-samples 1 --val-every 0 "
               "--dump-every 0 --mismatch-every 1")
     cmd = [sys.executable, "-m", "experiments.length", "--lengths", "4", "8", "--seeds", "0", "--steps", "2",
-           "--common", common, "--out", "out"]
+           "--common", common, "--out", "out", "--controls", "always"]
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "out" / "grid.json").read_text())
     assert data["complete"] and len(data["cells"]) == 3 * 2 + 2
-    assert {"fp8-router/none+mis/T8", "fp8-router/none+tis/T8"} <= set(data["cells"])
+    assert {"fp8-router/none+mis/T8", "fp8-router/none+tis/T8"} <= set(data["cells"]) and data["controls_run"]
+    assert data["cells"]["fp8-router/none+mis/T8"]["n"] == 1  # the controls ran
     run = data["cells"]["fp8-router/none/T8"]["runs"]["0"]
     assert 0 < run["mean_ess"] <= 1 and run["mean_var_log_w"] >= 0 and run["predicted_var_log_w"] >= 0
     assert 0 < run["mean_response_length"] <= 8 + 1
