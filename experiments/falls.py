@@ -10,7 +10,7 @@ The window. A collapse by the held-out rule is first seen at an evaluation step 
 was still within 0.3 of the best, so the fall began after C - 50. The window is the 50 steps before that
 evaluation, [C - 100, C - 50): the run before it fell. For each metric, the fallen run's median over the window is
 set beside the median, over the cell's seeds that never collapsed, of their own medians over the same steps. The
-summary per metric: over the falls, how often the fallen run's value was the larger, the geometric mean of the ratio,
+summary per metric: over the held-out falls, how often the fallen run's value was the larger, the geometric mean of the ratio,
 and an exact sign-flip test on the log ratios (p values exploratory, not corrected for the metrics tried). The same
 for the fall itself, [C - 50, C].
 """
@@ -36,6 +36,12 @@ METRICS = {"eval/accuracy": "held-out accuracy", "grad_norm": "grad norm", "grpo
            "kl": "kl (engine vs trainer)", "staleness/router_flip_rate": "staleness flips",
            "router_flip_rate": "engine flips"}
 PLOTTED = ("eval/accuracy", "grad_norm", "grpo/max_abs_log_ratio", "staleness/router_flip_rate")
+# Below these a value is rounding, not a measurement: the fp32 engine's kl against the trainer is ~1e-14.
+FLOOR = {"kl": 1e-10}
+# The windows are defined by the evaluations around a held-out fall. A collapse by the reward-EMA or non-finite
+# criteria has no such bracket (the EMA lags and a slow decline may begin before C - 100), so those falls are listed
+# but not summarised.
+SUMMARIZED = ("heldout_drop",)
 SMOOTH = 10  # every-step metrics are drawn as means over this many steps (an all-equal-reward step has grad norm 0)
 
 
@@ -101,12 +107,14 @@ def falls(grid: dict, rows: dict, window: int) -> list[dict]:
 
 
 def summarize(found: list[dict], key: str = "") -> dict:
-    """Per metric, over the falls: the fallen run against its stable seeds in the window before (key "") or during
-    (key "_during") the fall."""
+    """Per metric, over the held-out falls (SUMMARIZED): the fallen run against its stable seeds in the window before
+    (key "") or during (key "_during") the fall. A pair is compared only when both values exceed the metric's FLOOR."""
     summ = {}
     for m in METRICS:
-        pairs = [(e["metrics"][m]["fallen" + key], e["metrics"][m]["stable" + key]) for e in found]
-        logs = [math.log(a / b) for a, b in pairs if (a or 0) > 0 and (b or 0) > 0]
+        pairs = [(e["metrics"][m]["fallen" + key], e["metrics"][m]["stable" + key]) for e in found
+                 if e["why"] in SUMMARIZED]
+        floor = FLOOR.get(m, 0.0)
+        logs = [math.log(a / b) for a, b in pairs if (a or 0) > floor and (b or 0) > floor]
         summ[m] = dict(n=len(logs), fallen_larger=sum(x > 0 for x in logs),
                        geo_mean_ratio=math.exp(sum(logs) / len(logs)) if logs else None,
                        p=paired_permutation_test(logs) if logs else None)
@@ -156,16 +164,20 @@ def main(argv=None):
              f"preceded each sustained collapse, the fallen run's median against the median of the same cell's "
              f"stable seeds over the same steps. {len(found)} collapses in {len(rows)} finished runs"
              f"{'' if grid['complete'] else ' (the grid is partial)'}.", "",
-             "| cell | seed | collapse step | window | " + " | ".join(METRICS.values()) + " |",
-             "|---" * (4 + len(METRICS)) + "|"]
+             "| cell | seed | collapse step | why | window | " + " | ".join(METRICS.values()) + " |",
+             "|---" * (5 + len(METRICS)) + "|"]
     for e in found:
         cells = [f"{fmt(v['fallen'])} vs {fmt(v['stable'])}" for v in e["metrics"].values()]
-        lines.append(f"| {e['cell']} | {e['seed']} | {e['collapse_step']} | {e['window'][0]}-{e['window'][1]} | "
-                     + " | ".join(cells) + " |")
+        lines.append(f"| {e['cell']} | {e['seed']} | {e['collapse_step']} | {e['why']} | "
+                     f"{e['window'][0]}-{e['window'][1]} | " + " | ".join(cells) + " |")
     lines += ["", "Entries: the fallen run vs its cell's stable seeds (— where the metric was not logged in the "
               "window, or the cell has no stable seed yet). The comparison is not matched on how far a run had "
               "climbed: a run can only fall from a height, and a policy that has solved more of the task has less "
-              "entropy and smaller gradients, so held-out accuracy is shown first."]
+              "entropy and smaller gradients, so held-out accuracy is shown first. Each stable reference is "
+              "whichever seeds of the cell did not fall, at whatever level they had reached. Summarised below: the "
+              f"falls by {', '.join(SUMMARIZED)} only (the windows bracket a held-out fall); since the test "
+              "compares log ratios, a pair counts only when both values are above 0 (kl: above "
+              f"{FLOOR['kl']:g}, below which it is rounding)."]
     for title, table in ((f"Before the fall, [C - {2 * window}, C - {window}):", summ),
                          (f"During the fall, [C - {window}, C] (the steps in which held-out accuracy fell):",
                           during)):

@@ -285,7 +285,7 @@ def cell_table(cells: dict, names: list[str], secondary: str = "any dip") -> str
     return "\n".join(lines)
 
 
-def outcome_table(cells: dict, names: list[str], seeds, secondary: str = "any dip") -> str:
+def outcome_table(cells: dict, names: list[str], seeds, secondary: str = "any dip", note: str = "") -> str:
     """One row per cell, one column per seed: how each run ended, so a partial grid reads at a glance."""
     def entry(r: dict | None) -> str:
         if r is None:
@@ -295,7 +295,7 @@ def outcome_table(cells: dict, names: list[str], seeds, secondary: str = "any di
         return f"{how} ({fmt(r['best_heldout'])})"
     lines = [f"`fell S`: a sustained collapse (the primary rule) first at step S; `dip S`: the secondary rule "
              f"({secondary}) only, first at step S; `ok`: neither; in brackets the run's best held-out; `·`: not "
-             "finished yet.", "",
+             f"finished yet{note}.", "",
              "| cell | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---" * (len(seeds) + 1) + "|"]
     for c in names:
         runs = cells[c]["runs"]
@@ -396,8 +396,10 @@ def grid(args, t0: float) -> None:
     for n in MINI_STEPS:
         names = [c for c in cells if c.split("/")[2] in (f"n{n}", f"n{n}fresh")]
         parts.append(f"### N = {n} mini-step{'s' if n > 1 else ''}\n\n{cell_table(summ, names)}")
-    parts.append("### Every run, by seed\n\n" + outcome_table(summ, [c for c in cells if alias(c) == c],
-                                                               args.seeds))
+    parts.append("### Every run, by seed\n\n" + outcome_table(
+        summ, [c for c in cells if alias(c) == c], args.seeds,
+        note=f". n1fresh steps are counted in blocks of {FRESH} (N = 4's steps: block S is its steps {FRESH}S to "
+             f"{FRESH}S + {FRESH - 1})"))
     parts.append("### Tests (Fisher's exact on collapse counts, exact permutation on max drawdown)\n\n"
                  + tests_table(ts))
     md = "\n\n".join(p for p in parts if p)

@@ -44,11 +44,28 @@ def test_falls_compares_the_fallen_run_with_its_cells_stable_seeds_over_the_same
     assert s["n"] == 2 and s["fallen_larger"] == 2 and math.isclose(s["geo_mean_ratio"], math.sqrt(2.0 * 25.0))
 
 
-def test_n1fresh_windows_are_in_raw_steps():
-    grid = {"cells": {"e/none/n1fresh": {"runs": {"0": {"collapse_step": 150, "why": "heldout_drop"}}}}}
-    data = {("e/none/n1fresh", "0"): rows({s: 1.0 for s in range(700)})}
-    e = F.falls(grid, data, window=50)[0]
-    assert e["window"] == [200, 400] and e["fall"] == [400, 604]  # block 150 is steps 600-603
+def test_n1fresh_windows_bracket_the_fall_in_raw_steps():
+    """An n1fresh run evaluates every 200 raw steps (50 blocks of 4); its accuracy falls at raw step 799. The rule,
+    read on blocks, gives C; the fall window [C - 50, C] must hold the raw fall and the good evaluation before it
+    (block C - 50), the window before it the evaluation before that and not the fall."""
+    from experiments.staleness import run_summary
+    raw = [dict(step=s, reward=1.0, loss=0.0, grad_norm=1.0, **({"eval/accuracy": 0.9 if s < 799 else 0.1}
+                                                              if s % 200 == 199 else {})) for s in range(1200)]
+    C = run_summary("abc", raw, k=4)["collapse_step"]
+    assert C == 199  # block 199 = raw steps 796-799
+    grid = {"cells": {"e/none/n1fresh": {"runs": {"0": {"collapse_step": C, "why": "heldout_drop"}}}}}
+    e = F.falls(grid, {("e/none/n1fresh", "0"): raw}, window=50)[0]
+    inside = lambda w, step: w[0] <= step < w[1]  # noqa: E731
+    assert inside(e["fall"], 799) and inside(e["fall"], 599) and not inside(e["fall"], 399)
+    assert inside(e["window"], 399) and not inside(e["window"], 599) and e["window"] == [396, 596]
+
+
+def test_summary_skips_falls_without_a_held_out_bracket_and_kl_at_rounding_level():
+    m = lambda a, b: {k: dict(fallen=a, stable=b, fallen_during=a, stable_during=b) for k in F.METRICS}  # noqa
+    found = [dict(why="heldout_drop", metrics=m(2.0, 1.0)), dict(why="reward_drop", metrics=m(100.0, 1.0))]
+    assert F.summarize(found)["grad_norm"]["n"] == 1 and F.summarize(found)["grad_norm"]["geo_mean_ratio"] == 2.0
+    found = [dict(why="heldout_drop", metrics=m(4e-16, 3e-17))]  # the fp32 engine's kl: rounding
+    assert F.summarize(found)["kl"]["n"] == 0 and F.summarize(found)["grad_norm"]["n"] == 1
 
 
 def test_on_the_committed_staleness_records(tmp_path):

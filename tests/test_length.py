@@ -89,6 +89,20 @@ def test_length_grid_end_to_end(tmp_path):
     assert {t["metric"] for t in data["tests"]} == {"collapsed", "collapsed_relative", "max_drawdown"}
     assert all("secondary_step" in r for c in data["cells"].values() for r in c["runs"].values())
     assert (tmp_path / "out" / "grid.png").stat().st_size > 10_000
-    r = subprocess.run([*cmd, "--seeds", "0", "1", "--report"], cwd=tmp_path, capture_output=True, text=True,
+    fell = any(v["collapse_step"] is not None or v["secondary_step"] is not None
+               for v in data["cells"]["fp8-router/none/T8"]["runs"].values())
+    r = subprocess.run([*cmd, "--report", "--controls", "auto"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=ENV)  # the default gate, on the same finished runs
+    auto = json.loads((tmp_path / "out" / "grid.json").read_text())
+    assert r.returncode == 0 and auto["controls_run"] == fell and auto["complete"]
+    assert ("positive controls: run: no replay collapsed" if fell else "positive controls: not run: no replay "
+            "collapsed in none of its 1 seeds at T = 8") in r.stdout
+    r = subprocess.run([*cmd, "--report", "--controls", "never"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, env=ENV)
+    never = json.loads((tmp_path / "out" / "grid.json").read_text())
+    assert r.returncode == 0 and never["complete"] and not never["controls_run"]  # the arms alone are complete
+    assert "**partial**" not in r.stdout and "not run: --controls never" in r.stdout
+    r = subprocess.run([*cmd, "--seeds", "0", "1", "--report", "--controls", "auto"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300, env=ENV)
     assert r.returncode == 0 and "**partial**" in r.stdout
+    assert "waiting: 1 of 2 no-replay seeds at T = 8 have finished" in r.stdout
