@@ -7,13 +7,12 @@ Exploratory, not pre-registered: the grid's rule and tests (experiments/stalenes
 only looks at what the logged telemetry did before the falls, to suggest a mechanism, not to prove one.
 
 The window. A collapse by the held-out rule is first seen at an evaluation step C; the evaluation before it (C - 50)
-was still within 0.3 of the best, so the fall began after C - 50. The window is the 50 steps before that
-evaluation, [C - 100, C - 50): the run before it fell. For each metric, the fallen run's median over the window is
-set beside the median, over the cell's seeds that never collapsed, of their own medians over the same steps. The
-summary per metric: over the held-out falls, how often the fallen run's value was the larger, the geometric mean of the ratio,
+was still within 0.3 of the best, so the fall began after C - 50. The window is the 50 steps before that evaluation,
+[C - 100, C - 50): the run before it fell. For each metric, the fallen run's median over the window is set beside
+the median, over the cell's seeds that never collapsed, of their own medians over the same steps. The summary per
+metric: over the held-out falls, how often the fallen run's value was the larger, the geometric mean of the ratio,
 and an exact sign-flip test on the log ratios (p values exploratory, not corrected for the metrics tried). The same
-for the fall itself, [C - 50, C].
-"""
+for the fall itself, [C - 50, C]."""
 import argparse
 import json
 import math
@@ -32,7 +31,8 @@ from experiments.stats import paired_permutation_test  # noqa: E402
 from experiments.sweep import read_record  # noqa: E402
 from r3.errors import InputError, run_main  # noqa: E402
 
-METRICS = {"eval/accuracy": "held-out accuracy", "grad_norm": "grad norm", "grpo/max_abs_log_ratio": "largest abs log ratio", "entropy": "entropy",
+METRICS = {"eval/accuracy": "held-out accuracy", "grad_norm": "grad norm",
+           "grpo/max_abs_log_ratio": "largest abs log ratio", "entropy": "entropy",
            "kl": "kl (engine vs trainer)", "staleness/router_flip_rate": "staleness flips",
            "router_flip_rate": "engine flips"}
 PLOTTED = ("eval/accuracy", "grad_norm", "grpo/max_abs_log_ratio", "staleness/router_flip_rate")

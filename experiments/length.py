@@ -365,7 +365,8 @@ def main(argv=None):
     write_results(os.path.join(args.out, "grid.json"),
                   dict(steps=args.steps, lengths=list(args.lengths), seeds=list(args.seeds), rule=PRIMARY_TEXT,
                        heldout_metric=ACC, secondary_rule=RELATIVE_TEXT, complete=complete, common=args.common,
-                       controls_run=needed, controls_why=why, cells=summ, tests=ts, t_star=stars, t_star_relative=stars_rel, var_log_w_per_token=slope,
+                       controls_run=needed, controls_why=why, cells=summ, tests=ts, t_star=stars,
+                       t_star_relative=stars_rel, var_log_w_per_token=slope,
                        var_log_w_per_unit_T=slope_T), t0=t0, md=md)
 
 

@@ -2,9 +2,10 @@
 computed values), its pre-registered sustained-collapse rule fires on sustained falls and not on single dips, its
 n1fresh controls keep N = 4's samples and optimizer steps (read in blocks that keep a non-finite step), neighbouring
 cells differ in one flag, and the grid runs end to end at a tiny size (every cell, aliases, tests, figure, a by-seed
-table of how each run ended), refuses to run without a chosen LR, reports a partial grid as partial, and makes the
-same tables from its committed run records alone (no run folders): a record round-trips its run's metrics, is byte-
-identical when remade, refuses other flags, and a damaged one is named in one clear error."""
+table of how each run ended, the pre-registered pick of the most separating setting), refuses to run without a
+chosen LR, reports a partial grid as partial, and makes the same tables from its committed run records alone (no run
+folders): a record round-trips its run's metrics, is byte- identical when remade, refuses other flags, and a damaged
+one is named in one clear error."""
 import json
 import math
 import os
@@ -108,6 +109,20 @@ def test_outcome_table_names_each_runs_ending():
     assert rows[-1] == "| a/r3/n4 | ok (0.5) | · |"  # seed 1 has not finished
 
 
+def test_most_separating_setting_follows_its_rule():
+    def t(n, metric, p, effect=0.0, a="fp8-router/none", b="fp8-router/r3"):
+        return dict(a=f"{a}/n{n}", b=f"{b}/n{n}", metric=metric, p=p, effect=effect, counts=f"n{n}")
+    ts = [t(1, "collapsed", 1.0), t(1, "max_drawdown", 0.5),
+          t(4, "collapsed", 0.03, 0.6), t(4, "max_drawdown", 0.2),
+          t(8, "collapsed", 0.03, -0.6), t(8, "max_drawdown", 0.1),  # ties on p: the smaller drawdown p wins
+          t(4, "collapsed", 0.001, 1.0, b="fp32/none")]  # another pair: never read
+    pick = S.most_separating(ts)
+    assert (pick["N"], pick["p"], pick["direction"], pick["separates"]) == (8, 0.03, "R3 collapsed more", True)
+    ts[5] = t(8, "max_drawdown", 0.2)  # a full tie: the smaller N
+    assert S.most_separating(ts)["N"] == 4 and S.most_separating(ts)["direction"] == "no replay collapsed more"
+    assert S.most_separating(ts[:2])["separates"] is False and S.most_separating([]) is None
+
+
 def test_grid_refuses_to_run_before_the_pilot_sets_lr(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "LR", None)
     with pytest.raises(SystemExit, match="LR is not set"):
@@ -123,6 +138,7 @@ def test_grid_end_to_end(tmp_path):
     assert "rule (pre-registered)" in r.stdout and "### Every run, by seed" in r.stdout
     data = json.loads((tmp_path / "out" / "grid.json").read_text())
     assert data["complete"] and set(data["cells"]) == set(S.grid_cells())
+    assert data["selection_rule"] == S.SELECTION_TEXT and data["most_separating"]["N"] in S.MINI_STEPS
     assert data["cells"]["fp32/r2/n1"]["alias_of"] == "fp32/none/n1"
     assert data["cells"]["fp32/r2/n1"]["runs"] == data["cells"]["fp32/none/n1"]["runs"]
     for c in data["cells"].values():
