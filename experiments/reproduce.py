@@ -177,6 +177,11 @@ REGISTRY = (
                "until grid.json says complete: `--report` rewrites the tables from the runs finished so far and "
                "the command resumes the rest. The check remakes the tables from the committed records (the runs "
                "themselves take about 30 core-hours: 13-25 min each on one thread)"),
+    Entry("quickstart", "results", ("quickstart.json", "quickstart.md"),
+          ("python -m experiments.quickstart --run-dir {tmp}/run --out {out}/quickstart.json",), wall_s=360,
+          quick=True, checks=(Check("quickstart.json", (("peak_rss_gb", "skip", "memory: the machine's"),),
+                                    default="one seeded train.py process on one thread"),),
+          note="the README's main job, `python train.py --r3`, and the figures the README quotes from it"),
     Entry("staleness_falls", "results/staleness", ("falls.json", "falls.md", "falls.png"),
           ("python -m experiments.falls --grid results/staleness --out {out}",), wall_s=10, quick=True,
           checks=(Check("falls.json", default="a function of the committed run records and grid.json"),),

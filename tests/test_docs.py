@@ -1,5 +1,6 @@
 """README.md stays at most 20,000 bytes; every relative link in README.md and docs/*.md resolves (file and anchor);
-tables the docs quote from results files are verbatim."""
+tables the docs quote from results files are verbatim; the README's figures for its main job are those of the
+committed results/quickstart.json (which CI remakes: experiments/reproduce.py)."""
 import re
 from pathlib import Path
 
@@ -114,3 +115,15 @@ def test_tables_quoted_from_results_files_are_verbatim():
         rendered = [line for line in table([r for r in committed if r["dtype"] == dtype], dtype).split("\n")
                     if line.startswith("|")]
         assert "\n".join(rendered) in results_page, f"docs/results.md: the {dtype} mismatch table is not committed"
+
+
+def test_the_readme_quotes_the_measured_quickstart():
+    import json
+    q = json.loads((ROOT / "results" / "quickstart.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"reward climbs from {q['reward_first']:.3f} to {q['reward_last']:.3f}" in text
+    assert f"entropy falls from {q['entropy_first']:.2f} to {q['entropy_last']:.2f} nats" in text
+    held = [f"{h['accuracy']:.3f} ({h['accuracy_greedy']:.3f})" for h in q["heldout"]]
+    steps = [h["step"] for h in q["heldout"]]
+    assert steps == [50, 100, 150, 200] and q["steps"] == 200
+    assert (f"reads {held[0]} at step 50, {held[1]} at 100, {held[2]} at 150 and {held[3]} at the end") in text
