@@ -46,10 +46,10 @@ def test_every_entry_names_files_that_exist_and_checks_its_own_json():
         assert e.commands and (e.wall_s or 0) > 0 or e.frozen
 
 
-def test_quick_check_fits_in_about_ten_minutes_and_covers_the_mismatch_table_and_storage():
-    quick = [e for e in REGISTRY if e.quick]
-    assert {"mismatch_table", "storage"} <= {e.name for e in quick}
-    assert sum(e.check_wall_s or e.wall_s for e in quick) <= 600
+def test_quick_check_fits_in_about_fifteen_minutes_and_covers_the_readme_job_mismatch_table_and_storage():
+    quick = [e for e in REGISTRY if e.quick]  # CI runs them after the tests (~12 min): both within its 30
+    assert {"quickstart", "mismatch_table", "storage"} <= {e.name for e in quick}
+    assert sum(e.check_wall_s or e.wall_s for e in quick) <= 900
 
 
 def test_every_results_json_records_its_provenance():
