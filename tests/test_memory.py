@@ -1,6 +1,7 @@
 """What this proves: the dry-run memory plan gives the known static numbers for Qwen3-30B-A3B on 8 GPUs (about
-57 GiB with fp32 master params and fp32 AdamW state), and chunked log-probs equal the full log-softmax gather in
-value and gradient, without ever building [B, T, V] logits."""
+57 GiB with fp32 master params and fp32 AdamW state), the plan printed in docs/scale.md is what the code gives for
+the launch it names, and chunked log-probs equal the full log-softmax gather in value and gradient, without ever
+building [B, T, V] logits."""
 import pytest
 import torch
 
@@ -29,6 +30,25 @@ def test_qwen3_30b_plan_on_8_gpus():
     assert abs(half["static"] * 2 - plan["static"]) < 1  # static memory scales as 1 / world_size
     with pytest.raises(ValueError, match="optimizer"):
         memory_plan(QWEN3_30B_A3B, 8, optimizer="lion")
+
+
+def test_the_plan_in_docs_scale_is_what_the_code_gives():
+    """docs/scale.md prints the plan of `--dry-run --world-size 8 --activation-checkpointing --prompts-per-step 64
+    --shards 64`: 64 x 8 rows / 64 shards / 4 mini-steps = 2 rows per forward, 4096 positions, bf16 FSDP params."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "docs" / "scale.md").read_text(encoding="utf-8")
+    block = re.search(r"```\n(memory plan per GPU: world 8.*?)\n```", text, re.S).group(1)
+    plan = memory_plan(QWEN3_30B_A3B, 8, param_dtype=torch.bfloat16, seq_len=4096, micro_batch=2, vocab_chunk=1024,
+                       activation_checkpointing=True)
+    assert block == format_plan(plan)
+    six = memory_plan(QWEN3_30B_A3B, 6, param_dtype=torch.bfloat16, seq_len=4096, micro_batch=2, vocab_chunk=1024,
+                      activation_checkpointing=True)  # "Six trainer GPUs do not fit"
+    assert f"{six['static'] / GiB:.1f} GiB per GPU ({six['total'] / GiB:.1f} GiB in all" in " ".join(text.split())
+    four = memory_plan(QWEN3_30B_A3B, 8, param_dtype=torch.bfloat16, seq_len=4096, micro_batch=4, vocab_chunk=1024,
+                       activation_checkpointing=True)  # the default 16 prompts in 8 shards
+    assert (f"{four['activations'] / GiB:.1f} GiB of activations, {four['total'] / GiB:.0f} GiB in all"
+            in " ".join(text.split()))
 
 
 @pytest.mark.parametrize("chunk, temperature", [(5, 1.0), (7, 0.7), (1000, 1.0)])
