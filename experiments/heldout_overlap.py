@@ -42,7 +42,8 @@ def main(argv=None):
     ap.add_argument("--warmup-steps", type=int, default=80, help="warm-up steps (the staleness grid's)")
     ap.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts (the staleness grid's)")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)), help="init seeds to count")
-    ap.add_argument("--score-seeds", type=int, nargs="*", default=[0, 1], help="init seeds whose warm-up is scored")
+    ap.add_argument("--score-seeds", type=int, nargs="*", default=[0, 1, 2, 3, 4],
+                    help="init seeds whose warm-up is scored")
     ap.add_argument("--count-task", default="chain:1024", help="a second task, counted only ('' for none)")
     ap.add_argument("--count-warmup-steps", type=int, default=40, help="its warm-up steps")
     ap.add_argument("--count-eval-prompts", type=int, default=8, help="its held-out prompts asked for")

@@ -188,7 +188,7 @@ REGISTRY = (
           note="exploratory, not pre-registered: telemetry before and during each sustained collapse of the "
                "staleness grid against the same cell's stable seeds; partial while the grid is"),
     Entry("heldout_overlap", "results", ("heldout_overlap.json", "heldout_overlap.md"),
-          ("python -m experiments.heldout_overlap --out {out}/heldout_overlap.json",), wall_s=150, quick=True,
+          ("python -m experiments.heldout_overlap --out {out}/heldout_overlap.json",), wall_s=300, quick=True,
           check_commands=("python -m experiments.heldout_overlap --score-seeds --out {out}/heldout_overlap.json",),
           check_wall_s=20,
           checks=(Check("heldout_overlap.json", (("scores*", "skip", "the check scores no model (two warm-ups)"),),
