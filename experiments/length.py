@@ -30,6 +30,8 @@ from the finished runs' records in OUT/records (committed with the tables; a fre
 import argparse
 import math
 import os
+import statistics
+import textwrap
 import time
 
 import matplotlib
@@ -186,7 +188,7 @@ def plot(done: dict, summ: dict, lengths, title: str, path: str) -> None:
             for i, key in enumerate((ACC, "seq_is/ess_frac")):
                 series = [{r["step"]: r[key] for r in rows if r.get(key) is not None} for _, rows in runs.values()]
                 steps = sorted({s for d in series for s in d})
-                med = [sorted(d[s] for d in series if s in d)[len([d for d in series if s in d]) // 2] for s in steps]
+                med = [statistics.median(d[s] for d in series if s in d) for s in steps]
                 if steps:
                     axes[i][j].plot(steps, med, color=color, lw=1.2, label=f"{arm} ({len(series)})")
         axes[0][j].set_title(f"T = {t}: held-out reward (median)", fontsize=9)
@@ -205,7 +207,7 @@ def plot(done: dict, summ: dict, lengths, title: str, path: str) -> None:
     ax.set_ylabel("measured Var[log w]")
     ax.set_title("Var[log w]: measured vs predicted", fontsize=9)
     axes[1][-1].axis("off")
-    fig.suptitle(title, fontsize=8)
+    fig.suptitle(textwrap.fill(title, 230), fontsize=8)  # a long flag line would run off the figure
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

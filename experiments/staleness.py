@@ -46,12 +46,15 @@ from the records alone: a fresh clone resumes the grid and `--report` remakes th
 import argparse
 import math
 import os
+import statistics
+import textwrap
 import time
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 from experiments.collapse import HEADLINE, collapse_step, with_lr
 from experiments.common import fmt, write_results
@@ -303,9 +306,9 @@ def cell_table(cells: dict, names: list[str], secondary: str = "any dip") -> str
         name = c + (f" (= {d['alias_of']}: R2 is the identity at one mini-step)" if d["alias_of"] else "")
         lines.append(f"| {name} | {d['collapsed']} of {d['n']}{' @ ' + str(sorted(steps)) if steps else ''} | "
                      f"{d['secondary_collapsed']} of {d['n']} | "
-                     f"{fmt(dd[len(dd) // 2] if dd else None)} [{fmt(dd[0] if dd else None)}, "
+                     f"{fmt(statistics.median(dd) if dd else None)} [{fmt(dd[0] if dd else None)}, "
                      f"{fmt(dd[-1] if dd else None)}] | {fmt(_mean([r['best_heldout'] for r in rs]))} / "
-                     f"{fmt(_mean([r['final_heldout'] for r in rs]))} | {fmt(gn[len(gn) // 2] if gn else None)} | "
+                     f"{fmt(_mean([r['final_heldout'] for r in rs]))} | {fmt(statistics.median(gn) if gn else None)} | "
                      f"{fmt(_mean([r['mean_kl'] for r in rs]))} | {fmt(_mean([r['mean_staleness_flips'] for r in rs]))}"
                      f" | {fmt(_mean([r['mean_engine_flips'] for r in rs]))} |")
     return "\n".join(lines)
@@ -355,15 +358,16 @@ def plot(done: dict, cells: dict, title: str, path: str) -> None:
                 xs = sorted({x for s in series for x, _ in s})
                 at = [sorted(v for v in (dict(s).get(x) for s in series) if v is not None) for x in xs]
                 ax.fill_between(xs, [v[0] for v in at], [v[-1] for v in at], alpha=0.25, label="min-max")
-                ax.plot(xs, [v[len(v) // 2] for v in at], lw=1.5, label="median")
+                ax.plot(xs, [statistics.median(v) for v in at], lw=1.5, label="median")
             d = cells.get(c, dict(collapsed=0, n=0))
             ax.set_title(f"{c}: {d['collapsed']}/{d['n']} collapsed", fontsize=9)
             ax.set_ylim(-0.02, 1.02)
             if i == len(MINI_STEPS) - 1:
                 ax.set_xlabel("samples seen")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k"))
             if j == 0:
                 ax.set_ylabel("held-out accuracy")
-    fig.suptitle(title, fontsize=8)
+    fig.suptitle(textwrap.fill(title, 170), fontsize=8)  # a long flag line would run off the figure
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -109,6 +109,15 @@ def test_outcome_table_names_each_runs_ending():
     assert rows[-1] == "| a/r3/n4 | ok (0.5) | · |"  # seed 1 has not finished
 
 
+def test_cell_table_medians_of_an_even_count_are_the_middle_two_averaged():
+    run = lambda dd, gn: dict(max_drawdown=dd, max_grad_norm=gn, collapse_step=None, best_heldout=1.0,  # noqa: E731
+                              final_heldout=1.0, mean_kl=0.0, mean_staleness_flips=None, mean_engine_flips=None)
+    cells = {"a/none/n4": dict(collapsed=0, secondary_collapsed=0, n=2, alias_of=None,
+                               runs={0: run(0.1, 2.0), 1: run(0.3, 4.0)})}
+    row = S.cell_table(cells, ["a/none/n4"]).splitlines()[-1]
+    assert "| 0.2 [0.1, 0.3] |" in row and "| 3 |" in row  # not the upper one (0.3, 4)
+
+
 def test_most_separating_setting_follows_its_rule():
     def t(n, metric, p, effect=0.0, a="fp8-router/none", b="fp8-router/r3"):
         return dict(a=f"{a}/n{n}", b=f"{b}/n{n}", metric=metric, p=p, effect=effect, counts=f"n{n}")
