@@ -176,7 +176,7 @@ REGISTRY = (
           note="13 cells and 2 controls x 8 seeds x 1000 steps, one record per finished run (records/); PARTIAL "
                "until grid.json says complete: `--report` rewrites the tables from the runs finished so far and "
                "the command resumes the rest. The check remakes the tables from the committed records (the runs "
-               "themselves take about 30 core-hours: 13-25 min each on one thread)"),
+               "themselves take about 30 core-hours: 10-25 min each on one thread)"),
     Entry("quickstart", "results", ("quickstart.json", "quickstart.md"),
           ("python -m experiments.quickstart --run-dir {tmp}/run --out {out}/quickstart.json",), wall_s=360,
           quick=True, checks=(Check("quickstart.json", (("peak_rss_gb", "skip", "memory: the machine's"),),
