@@ -20,6 +20,7 @@ import argparse
 import math
 import os
 import re
+import statistics
 import time
 
 import matplotlib
@@ -167,7 +168,7 @@ def headline_table(summ: dict, arms: list[str]) -> str:
         lines.append(f"| {arm} | {sum(m['collapse_step'] is not None for m in ms)} of {len(ms)} | "
                      f"{cell(avg('final_reward'))} | {cell(avg('best_heldout_accuracy'))} | "
                      f"{cell(avg('mean_kl'), '.2e')} | "
-                     f"{cell(gns[len(gns) // 2] if gns else None, '.3g')} | {cell(avg('mean_fidelity_cos'))} | "
+                     f"{cell(statistics.median(gns) if gns else None, '.3g')} | {cell(avg('mean_fidelity_cos'))} | "
                      f"{cell(avg('mean_fidelity_rel_err'))} | {cell(avg('mean_fidelity_cos_resample'))} |")
     return "\n".join(lines)
 
