@@ -123,8 +123,8 @@ def controls_needed(summ: dict, lengths, seeds: int) -> tuple[bool, str]:
         return False, f"waiting: {c['n']} of {seeds} no-replay seeds at T = {max(lengths)} have finished"
     if fell:
         return True, f"run: no replay collapsed in {fell} of {seeds} seeds at T = {max(lengths)}"
-    return False, (f"not run: no replay collapsed in none of its {seeds} seeds at T = {max(lengths)}, under either "
-                   "rule, so the prediction that MIS and TIS stabilise it cannot be tested here")
+    return False, (f"not run: the no-replay arm collapsed in none of its {seeds} seeds at T = {max(lengths)}, under "
+                   "either rule, so the prediction that MIS and TIS stabilise it cannot be tested here")
 
 
 def summarize(plan: list, names: list[str], steps: int, records: str) -> dict:

@@ -61,8 +61,8 @@ def test_positive_controls_run_only_after_a_fall_of_no_replay_at_the_longest_len
     assert controls_needed(summ((None, None)), [4, 8], 2)[0] is False  # waiting for seed 1
     assert "waiting: 1 of 2" in controls_needed(summ((None, None)), [4, 8], 2)[1]
     assert controls_needed(summ((None, None), (None, None)), [4, 8], 2) == (
-        False, "not run: no replay collapsed in none of its 2 seeds at T = 8, under either rule, so the prediction "
-               "that MIS and TIS stabilise it cannot be tested here")
+        False, "not run: the no-replay arm collapsed in none of its 2 seeds at T = 8, under either rule, so the "
+               "prediction that MIS and TIS stabilise it cannot be tested here")
     assert controls_needed(summ((None, None), (None, 120)), [4, 8], 2)[0] is True  # the secondary rule counts
     assert controls_needed(summ((90, 90), (None, None)), [4, 8], 2) == (True, "run: no replay collapsed in 1 of 2 "
                                                                                "seeds at T = 8")
@@ -95,8 +95,8 @@ def test_length_grid_end_to_end(tmp_path):
                        timeout=300, env=ENV)  # the default gate, on the same finished runs
     auto = json.loads((tmp_path / "out" / "grid.json").read_text())
     assert r.returncode == 0 and auto["controls_run"] == fell and auto["complete"]
-    assert ("positive controls: run: no replay collapsed" if fell else "positive controls: not run: no replay "
-            "collapsed in none of its 1 seeds at T = 8") in r.stdout
+    assert ("positive controls: run: no replay collapsed" if fell else "positive controls: not run: the no-replay "
+            "arm collapsed in none of its 1 seeds at T = 8") in r.stdout
     r = subprocess.run([*cmd, "--report", "--controls", "never"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, env=ENV)
     never = json.loads((tmp_path / "out" / "grid.json").read_text())
