@@ -40,8 +40,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
-from experiments.staleness import (RULE_TEXT, _mean, cell_table, outcome_table, run_summary, sustained_collapse,
-                                   tests_table)
+from experiments.staleness import (RULE_TEXT, _mean, cell_summary, cell_table, outcome_table, run_summary,
+                                   sustained_collapse, tests_table)
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
 from r3.errors import run_main
@@ -127,21 +127,16 @@ def controls_needed(summ: dict, lengths, seeds: int) -> tuple[bool, str]:
                    "either rule, so the prediction that MIS and TIS stabilise it cannot be tested here")
 
 
-def summarize(plan: list, names: list[str], steps: int, records: str) -> dict:
-    """Per cell: collapse counts and per-seed summaries of the finished runs (and, under "_done", their commit and
-    rows, for the figure)."""
+def summarize(plan: list, names: list[str], steps: int, records: str) -> tuple[dict, dict]:
+    """(per cell: collapse counts and per-seed summaries of the finished runs; {cell: {seed: (commit, rows)}} of
+    those runs, for the figure), read from their records."""
     done = {}
     for c, s, out, flags in plan:
         if (rec := finished(out, flags, steps, records)) is not None:
-            done.setdefault(c, {})[s] = dict(commit=rec[0]["commit"], rows=rec[1])
-    summ = {}
-    for c in names:
-        d = dict(sorted(done.get(c, {}).items()))
-        runs = {s: summary(r["commit"], r["rows"], int(c.split("/T")[-1])) for s, r in d.items()}
-        summ[c] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
-                       secondary_collapsed=sum(r["secondary_step"] is not None for r in runs.values()),
-                       alias_of=None, runs=runs, _done=d)
-    return summ
+            done.setdefault(c, {})[s] = (rec[0]["commit"], rec[1])
+    summ = {c: cell_summary({s: summary(o, rows, int(c.split("/T")[-1]))
+                             for s, (o, rows) in sorted(done.get(c, {}).items())}) for c in names}
+    return summ, done
 
 
 def t_star(cells_summ: dict, arm: str, lengths, key: str = "collapsed") -> int | None:
@@ -321,7 +316,7 @@ def main(argv=None):
     if not args.report:
         run_all([(out, flags, args.steps) for _, _, out, flags in plan], jobs=args.jobs,
                 log_dir=os.path.join(runs_dir, "logs"), records=records)
-    summ = summarize(plan + controls, names, args.steps, records)
+    summ, done = summarize(plan + controls, names, args.steps, records)
     needed, why = controls_needed(summ, args.lengths, len(args.seeds))
     if args.controls != "auto":
         needed, why = args.controls == "always", f"{'run' if args.controls == 'always' else 'not run'}: " \
@@ -330,8 +325,7 @@ def main(argv=None):
     if needed and not args.report:
         run_all([(out, flags, args.steps) for _, _, out, flags in controls], jobs=args.jobs,
                 log_dir=os.path.join(runs_dir, "logs"), records=records)
-        summ = summarize(plan + controls, names, args.steps, records)
-    done = {c: {s: (r["commit"], r["rows"]) for s, r in d.pop("_done").items()} for c, d in summ.items()}
+        summ, done = summarize(plan + controls, names, args.steps, records)
     ts = tests(summ, args.lengths)
     complete = all(d["n"] == len(args.seeds) for c, d in summ.items()
                    if needed or c.rsplit("/", 1)[0] not in CONTROLS)

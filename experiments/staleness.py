@@ -262,14 +262,16 @@ def sweep(args, cells: list[str], seeds, lr: float, runs_dir: str) -> dict:
     return done
 
 
+def cell_summary(runs: dict, alias_of: str | None = None) -> dict:
+    """A cell's entry in grid.json from its per-seed run summaries: the collapse counts, and the runs."""
+    return dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
+                secondary_collapsed=sum(r["secondary_step"] is not None for r in runs.values()), alias_of=alias_of,
+                runs=runs)
+
+
 def summarize(done: dict, cells: list[str]) -> dict:
-    out = {}
-    for c in cells:
-        runs = {s: run_summary(o, rows, k) for s, (o, rows, k, _) in sorted(done.get(c, {}).items())}
-        out[c] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()), n=len(runs),
-                      secondary_collapsed=sum(r["secondary_step"] is not None for r in runs.values()),
-                      alias_of=None if alias(c) == c else alias(c), runs=runs)
-    return out
+    return {c: cell_summary({s: run_summary(o, rows, k) for s, (o, rows, k, _) in sorted(done.get(c, {}).items())},
+                            None if alias(c) == c else alias(c)) for c in cells}
 
 
 def tests(cells: dict) -> list[dict]:
