@@ -33,6 +33,8 @@ Pre-registered predictions (GSPO 2507.18071, Zheng et al. 2512.01374, RSPO 2510.
   (a) precision: fp8-router/none collapses more often than fp32/none at every N; fp8-router/r2 is no better than
       none; r3 is stable.
   (c) neither: no difference the tests can see.
+Which of them the grid supports is read off the tests by MECHANISM_TEXT (fixed at 32 of 120 runs): each mechanism's
+discriminating Fisher tests, Holm-corrected within the family.
 
 The pilot (2 cells x PILOT_LRS x 4 seeds) chooses LR by a rule fixed before it ran: the pilot lr whose
 fp8-router/none/n4 primary collapse count is closest to 2 of 4 (ties: the lower lr). Writes OUT/pilot.{md,json}.
@@ -113,6 +115,64 @@ def most_separating(ts: list[dict]) -> dict | None:
     direction = ("no replay collapsed more" if c["effect"] > 0 else "R3 collapsed more" if c["effect"] < 0
                  else "equal collapse counts")
     return dict(N=n, p=c["p"], p_drawdown=d["p"], counts=c["counts"], direction=direction, separates=c["p"] < 0.05)
+
+
+# Which of (a), (b), (c) the grid supports, fixed at 32 of 120 runs (2026-12-03), when every test read p = 1 and
+# before seeds 2-7 of most cells ran. Each mechanism has the tests where it predicts a difference and the other does
+# not, each with the arm it predicts collapses more first:
+PRECISION_TESTS = [("fp8-router/none/n1", "fp32/none/n1"), ("fp8-router/none/n4", "fp32/none/n4"),
+                   ("fp8-router/none/n8", "fp32/none/n8"), ("fp8-router/none/n1fresh", "fp32/none/n1fresh"),
+                   ("fp8-router/none/n1", "fp8-router/r3/n1"), ("fp8-router/r2/n4", "fp8-router/r3/n4"),
+                   ("fp8-router/r2/n8", "fp8-router/r3/n8")]
+STALENESS_TESTS = [("fp32/none/n4", "fp32/r2/n4"), ("fp32/none/n8", "fp32/r2/n8"),
+                   ("fp8-router/none/n4", "fp8-router/r2/n4"), ("fp8-router/none/n8", "fp8-router/r2/n8"),
+                   ("fp32/none/n4", "fp32/none/n1fresh"), ("fp8-router/none/n4", "fp8-router/none/n1fresh")]
+MECHANISM_TEXT = ("(a) precision is supported when one of its 7 tests (fp8-router/none vs fp32/none at N = 1, 4, 8 "
+                  "and n1fresh; fp8-router/none vs r3 at N = 1; fp8-router/r2 vs r3 at N = 4, 8) has a Fisher p on "
+                  "sustained collapse counts below 0.05 after Holm's correction over the 7, with the first arm "
+                  "collapsing more; (b) staleness when one of its 6 tests (none vs r2 at N = 4, 8 under both "
+                  "engines; none/n4 vs none/n1fresh under both) does, Holm over the 6, the first arm collapsing "
+                  "more; both may hold; when neither does, (c). A test below 0.05 (Holm) the other way round is "
+                  "reported as evidence against its mechanism. Decided only on the complete grid")
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p values, in the order given."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adj, run = [1.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = run
+    return adj
+
+
+def mechanism(ts: list[dict], complete: bool) -> dict:
+    """MECHANISM_TEXT on the grid's tests: per mechanism its tests with Holm-adjusted p, supported / against; and the
+    verdict, (a), (b), (a) and (b), or (c) (None while the grid is partial or a test is missing)."""
+    fisher = {(t["a"], t["b"]): t for t in ts if t["metric"] == "collapsed"}
+    out, missing = {}, False
+    for key, pairs in (("a", PRECISION_TESTS), ("b", STALENESS_TESTS)):
+        found = [(a, b, fisher.get((a, b))) for a, b in pairs]
+        missing |= any(t is None for _, _, t in found)
+        have = [(a, b, t) for a, b, t in found if t is not None]
+        adj = holm([t["p"] for _, _, t in have])
+        rows = [dict(a=a, b=b, counts=t["counts"], p=t["p"], p_holm=q, effect=t["effect"])
+                for (a, b, t), q in zip(have, adj)]
+        out[key] = dict(tests=rows, supported=any(r["p_holm"] < 0.05 and r["effect"] > 0 for r in rows),
+                        against=any(r["p_holm"] < 0.05 and r["effect"] < 0 for r in rows))
+    sa, sb = out["a"]["supported"], out["b"]["supported"]
+    verdict = "(a) and (b)" if sa and sb else "(a)" if sa else "(b)" if sb else "(c)"
+    return dict(precision=out["a"], staleness=out["b"], verdict=verdict if complete and not missing else None,
+                provisional=verdict)
+
+
+def mechanism_table(m: dict) -> str:
+    lines = ["| mechanism | predicts more collapses in | than in | collapsed | Fisher p | Holm p |",
+             "|---|---|---|---|---|---|"]
+    for name in ("precision", "staleness"):
+        lines += [f"| {name} | {r['a']} | {r['b']} | {r['counts']} | {r['p']:.3g} | {r['p_holm']:.3g} |"
+                  for r in m[name]["tests"]]
+    return "\n".join(lines)
 
 
 def grid_cells() -> list[str]:
@@ -443,13 +503,20 @@ def grid(args, t0: float) -> None:
                 "p is not below 0.05: no setting separated the arms, the default stays"))
     parts.append(f"### The most separating setting\n\nRule (fixed at 30 of 120 runs): {SELECTION_TEXT}.\n\n"
                  f"So far: {verdict}.")
+    mech = mechanism(ts, complete)
+    supports = (f"the grid supports {mech['verdict']}" if mech["verdict"] else
+                f"provisional (the grid is partial): {mech['provisional']}")
+    against = [k for k in ("precision", "staleness") if mech[k]["against"]]
+    parts.append(f"### Which mechanism\n\nRule (fixed at 32 of 120 runs): {MECHANISM_TEXT}.\n\n"
+                 f"{mechanism_table(mech)}\n\nSo far: {supports}" +
+                 (f"; evidence against {' and '.join(against)}" if against else "") + ".")
     md = "\n\n".join(p for p in parts if p)
     print(md)
     plot(done, summ, f"{common}; {status or 'complete'}", os.path.join(args.out, "grid.png"))
     write_results(os.path.join(args.out, "grid.json"),
                   dict(steps=args.steps, lr=lr, seeds=list(args.seeds), rule=RULE_TEXT, rule_params=RULE,
                        complete=complete, common=common, cells=summ, tests=ts, selection_rule=SELECTION_TEXT,
-                       most_separating=pick), t0=t0, md=md)
+                       most_separating=pick, mechanism_rule=MECHANISM_TEXT, mechanism=mech), t0=t0, md=md)
 
 
 def parse_args(argv=None):

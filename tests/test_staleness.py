@@ -132,6 +132,40 @@ def test_most_separating_setting_follows_its_rule():
     assert S.most_separating(ts[:2])["separates"] is False and S.most_separating([]) is None
 
 
+def test_holm_adjusts_in_step_down_order():
+    assert S.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])  # 3*0.01, max(2*0.03, .03), max(.04, .06)
+    assert S.holm([0.5, 0.9]) == [1.0, 1.0] and S.holm([]) == []
+
+
+def test_mechanism_verdict_follows_its_rule():
+    def fisher(a, b, ca, cb, n=8):
+        return dict(a=a, b=b, metric="collapsed", p=fisher_exact(ca, n, cb, n), effect=(ca - cb) / n,
+                    counts=f"{ca}/{n} vs {cb}/{n}")
+    null = [fisher(a, b, 2, 2) for a, b in S.PRECISION_TESTS + S.STALENESS_TESTS]
+    assert S.mechanism(null, complete=True)["verdict"] == "(c)"
+    assert S.mechanism(null, complete=False)["verdict"] is None  # partial: provisional only
+    assert S.mechanism(null[:-1], complete=True)["verdict"] is None  # a test missing: no verdict
+    i = S.STALENESS_TESTS.index(("fp32/none/n4", "fp32/r2/n4"))
+    ts = list(null)
+    ts[len(S.PRECISION_TESTS) + i] = fisher(*S.STALENESS_TESTS[i], 6, 0)  # p = 0.007 < 0.05 / 6
+    m = S.mechanism(ts, complete=True)
+    assert m["verdict"] == "(b)" and m["staleness"]["supported"] and not m["precision"]["supported"]
+    ts[len(S.PRECISION_TESTS) + i] = fisher(*S.STALENESS_TESTS[i], 5, 0)  # p = 0.026: not after Holm over 6
+    assert S.mechanism(ts, complete=True)["verdict"] == "(c)"
+    ts[len(S.PRECISION_TESTS) + i] = fisher(*S.STALENESS_TESTS[i], 0, 6)  # the other way round: against (b)
+    m = S.mechanism(ts, complete=True)
+    assert m["verdict"] == "(c)" and m["staleness"]["against"] and not m["precision"]["against"]
+    ts[0] = fisher(*S.PRECISION_TESTS[0], 7, 0)
+    assert S.mechanism(ts, complete=True)["verdict"] == "(a)"
+    ts[len(S.PRECISION_TESTS) + i] = fisher(*S.STALENESS_TESTS[i], 8, 0)
+    assert S.mechanism(ts, complete=True)["verdict"] == "(a) and (b)"
+    # every pair the rule reads is one the grid tests, in the same order (a's arm first)
+    cells = {c: dict(collapsed=1, n=1, alias_of=None if S.alias(c) == c else S.alias(c),
+                     runs={0: dict(max_drawdown=0.1)}) for c in S.grid_cells()}
+    tested = {(t["a"], t["b"]) for t in S.tests(cells)}
+    assert set(S.PRECISION_TESTS + S.STALENESS_TESTS) <= tested
+
+
 def test_grid_refuses_to_run_before_the_pilot_sets_lr(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "LR", None)
     with pytest.raises(SystemExit, match="LR is not set"):
@@ -148,6 +182,9 @@ def test_grid_end_to_end(tmp_path):
     data = json.loads((tmp_path / "out" / "grid.json").read_text())
     assert data["complete"] and set(data["cells"]) == set(S.grid_cells())
     assert data["selection_rule"] == S.SELECTION_TEXT and data["most_separating"]["N"] in S.MINI_STEPS
+    assert data["mechanism_rule"] == S.MECHANISM_TEXT and data["mechanism"]["verdict"] in ("(a)", "(b)", "(a) and (b)",
+                                                                                           "(c)")
+    assert "### Which mechanism" in r.stdout
     assert data["cells"]["fp32/r2/n1"]["alias_of"] == "fp32/none/n1"
     assert data["cells"]["fp32/r2/n1"]["runs"] == data["cells"]["fp32/none/n1"]["runs"]
     for c in data["cells"].values():
