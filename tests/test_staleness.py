@@ -166,6 +166,28 @@ def test_mechanism_verdict_follows_its_rule():
     assert set(S.PRECISION_TESTS + S.STALENESS_TESTS) <= tested
 
 
+def test_learning_test_reads_only_the_new_seeds_and_leaves_out_seeds_neither_arm_learned():
+    def cell(bests):
+        return dict(runs={str(s): dict(best_heldout=b) for s, b in bests.items()})
+    r3 = {0: 0.5, 1: 0.6, 2: 0.1, 3: 0.0, 4: 0.40, 5: 0.50, 6: 0.45, 7: 0.55}
+    r2 = {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.05, 4: 0.99, 5: 0.97, 6: 0.98, 7: 0.96}
+    cells = {"fp8-router/r3/n4": cell(r3), "fp8-router/r2/n4": cell(r2)}
+    t = S.learning(cells)["test"]
+    assert t["seeds"] == [4, 5, 6, 7] and t["left_out"] == [3]  # seed 3: neither passed 0.1
+    assert t["a_best"] == [0.40, 0.50, 0.45, 0.55] and t["b_best"] == [0.99, 0.97, 0.98, 0.96]
+    assert t["p"] == pytest.approx(2 / 70) and t["effect"] < 0 and t["confirmed"] is True  # 4 wholly below 4
+    cells["fp8-router/r3/n4"]["runs"]["3"]["best_heldout"] = 0.2  # seed 3 now counts, and R3 is the higher there
+    t = S.learning(cells)["test"]
+    assert t["seeds"] == [3, 4, 5, 6, 7] and t["left_out"] == [] and t["p"] > 0.05 and t["confirmed"] is False
+    cells["fp8-router/r3/n4"]["runs"]["3"]["best_heldout"] = 0.0
+    for s in (4, 5, 6, 7):  # R3 the higher: a small p the other way round is not a confirmation
+        cells["fp8-router/r3/n4"]["runs"][str(s)]["best_heldout"] = 1.0
+    t = S.learning(cells)["test"]
+    assert t["p"] < 0.05 and t["effect"] > 0 and t["confirmed"] is False
+    del cells["fp8-router/r2/n4"]["runs"]["7"]
+    assert S.learning(cells)["test"]["confirmed"] is None  # not every seed finished: undecided
+
+
 def test_grid_refuses_to_run_before_the_pilot_sets_lr(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "LR", None)
     with pytest.raises(SystemExit, match="LR is not set"):
@@ -184,7 +206,8 @@ def test_grid_end_to_end(tmp_path):
     assert data["selection_rule"] == S.SELECTION_TEXT and data["most_separating"]["N"] in S.MINI_STEPS
     assert data["mechanism_rule"] == S.MECHANISM_TEXT and data["mechanism"]["verdict"] in ("(a)", "(b)", "(a) and (b)",
                                                                                            "(c)")
-    assert "### Which mechanism" in r.stdout
+    assert "### Which mechanism" in r.stdout and "### Does R3 climb less?" in r.stdout
+    assert data["learning_rule"] == S.LEARN_TEXT and data["learning"]["test"]["confirmed"] is None  # seed 0 only
     assert data["cells"]["fp32/r2/n1"]["alias_of"] == "fp32/none/n1"
     assert data["cells"]["fp32/r2/n1"]["runs"] == data["cells"]["fp32/none/n1"]["runs"]
     for c in data["cells"].values():
