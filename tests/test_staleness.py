@@ -133,7 +133,7 @@ def test_most_separating_setting_follows_its_rule():
 
 
 def test_holm_adjusts_in_step_down_order():
-    assert S.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])  # 3*0.01, max(2*0.03, .03), max(.04, .06)
+    assert S.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])  # 3*.01; 1*.04 -> max(.06, .04); 2*.03
     assert S.holm([0.5, 0.9]) == [1.0, 1.0] and S.holm([]) == []
 
 
@@ -143,6 +143,8 @@ def test_mechanism_verdict_follows_its_rule():
                     counts=f"{ca}/{n} vs {cb}/{n}")
     null = [fisher(a, b, 2, 2) for a, b in S.PRECISION_TESTS + S.STALENESS_TESTS]
     assert S.mechanism(null, complete=True)["verdict"] == "(c)"
+    drawdown = [dict(t, metric="max_drawdown", p=1e-6, effect=0.5) for t in null]  # tests() emits these beside
+    assert S.mechanism(null + drawdown, complete=True)["verdict"] == "(c)"  # only the Fisher tests decide
     assert S.mechanism(null, complete=False)["verdict"] is None  # partial: provisional only
     assert S.mechanism(null[:-1], complete=True)["verdict"] is None  # a test missing: no verdict
     i = S.STALENESS_TESTS.index(("fp32/none/n4", "fp32/r2/n4"))
@@ -150,6 +152,12 @@ def test_mechanism_verdict_follows_its_rule():
     ts[len(S.PRECISION_TESTS) + i] = fisher(*S.STALENESS_TESTS[i], 6, 0)  # p = 0.007 < 0.05 / 6
     m = S.mechanism(ts, complete=True)
     assert m["verdict"] == "(b)" and m["staleness"]["supported"] and not m["precision"]["supported"]
+    assert m["staleness"]["by_replay"]  # a none-vs-r2 test passed: the routing
+    j = S.STALENESS_TESTS.index(("fp32/none/n4", "fp32/none/n1fresh"))
+    only_fresh = list(null)
+    only_fresh[len(S.PRECISION_TESTS) + j] = fisher(*S.STALENESS_TESTS[j], 6, 0)
+    m = S.mechanism(only_fresh, complete=True)
+    assert m["verdict"] == "(b)" and not m["staleness"]["by_replay"]  # staleness, not shown to be the routing's
     ts[len(S.PRECISION_TESTS) + i] = fisher(*S.STALENESS_TESTS[i], 5, 0)  # p = 0.026: not after Holm over 6
     assert S.mechanism(ts, complete=True)["verdict"] == "(c)"
     ts[len(S.PRECISION_TESTS) + i] = fisher(*S.STALENESS_TESTS[i], 0, 6)  # the other way round: against (b)
@@ -184,6 +192,9 @@ def test_learning_test_reads_only_the_new_seeds_and_leaves_out_seeds_neither_arm
         cells["fp8-router/r3/n4"]["runs"][str(s)]["best_heldout"] = 1.0
     t = S.learning(cells)["test"]
     assert t["p"] < 0.05 and t["effect"] > 0 and t["confirmed"] is False
+    cells["fp8-router/r3/n4"]["runs"]["3"]["best_heldout"] = S.LEARN_FLOOR  # at the floor, not past it: left out
+    cells["fp8-router/r2/n4"]["runs"]["3"]["best_heldout"] = 0.0
+    assert S.learning(cells)["test"]["left_out"] == [3]
     del cells["fp8-router/r2/n4"]["runs"]["7"]
     assert S.learning(cells)["test"]["confirmed"] is None  # not every seed finished: undecided
 
