@@ -187,6 +187,14 @@ REGISTRY = (
           checks=(Check("falls.json", default="a function of the committed run records and grid.json"),),
           note="exploratory, not pre-registered: telemetry before and during each sustained collapse of the "
                "staleness grid against the same cell's stable seeds; partial while the grid is"),
+    Entry("staleness_plateaus", "results/staleness", ("plateaus.json", "plateaus.md", "dumps/*.json.gz"),
+          ("python -m experiments.plateaus --save-inputs results/staleness",
+           "python -m experiments.plateaus --grid results/staleness --out {out}"), wall_s=10,
+          check_commands=("python -m experiments.plateaus --grid results/staleness --out {out}",), check_wall_s=5,
+          quick=True, checks=(Check("plateaus.json", default="a function of the committed dump tokens and records"),),
+          note="exploratory: the symbols each grid run has got stuck on in its last sample dumps, and the cap they "
+               "put on exact answers; --save-inputs keeps the tokens of those dumps (dumps/) from the run folders, "
+               "which are not committed"),
     Entry("heldout_overlap", "results", ("heldout_overlap.json", "heldout_overlap.md"),
           ("python -m experiments.heldout_overlap --out {out}/heldout_overlap.json",), wall_s=300, quick=True,
           check_commands=("python -m experiments.heldout_overlap --score-seeds --out {out}/heldout_overlap.json",),

@@ -1,0 +1,227 @@
+"""Where a cipher run's held-out accuracy plateaus, and why: the symbols whose mapping it has got stuck on.
+
+  python -m experiments.plateaus RUN [RUN ...]                  # any cipher run folders (train.py --task cipher:N-N)
+  python -m experiments.plateaus --save-inputs results/staleness  # the grid's finished runs' late dumps, tokens only,
+                                                                  # into GRID/dumps/RUN.json.gz (kept; committed)
+  python -m experiments.plateaus --grid results/staleness         # the table from GRID/dumps and GRID/records:
+                                                                  # GRID/plateaus.{json,md}, seconds
+
+A cipher answer is exact only when every symbol of the prompt maps right. A policy that maps one of the 64 symbols
+wrong on every sample (its entropy has collapsed, so the samples of a GRPO group agree there and the group's
+advantages give that position no signal to change) fails every prompt that holds that symbol. With n symbols drawn
+with replacement, k stuck symbols cap exact accuracy at (1 - k/64)^n: for n = 32, 0.60, 0.36, 0.22 and 0.13 for
+k = 1..4, the levels the staleness grid's runs plateau at. This reads a run's late sample dumps (RUN/samples/stepN,
+the last --last of them, each one GRPO group of --dump-rows rows) and counts, for every symbol, how often the
+response mapped it wrong; a symbol is stuck when it was wrong in at least STUCK of its occurrences, and it occurred
+at least MIN_SEEN times. Beside it: the run's best and last held-out accuracy (metrics.jsonl) and the cap.
+
+Exploratory, written at 39 of 120 grid runs after the plateaus were seen; not part of any pre-registered rule. The
+run folders are not committed, so `--save-inputs` keeps what the table needs from them (the tokens of each run's
+last dumps, a few kB a run) beside the grid's records; `--grid` reads only those and the records, so a clean clone
+remakes the table (experiments.reproduce checks it).
+"""
+import argparse
+import gzip
+import json
+import os
+import re
+import statistics
+import time
+from collections import Counter
+
+from experiments.common import fmt, write_results
+from experiments.sweep import read_record
+from r3.batch import load_batch
+from r3.errors import InputError, run_main
+from r3.io import atomic_write
+from r3.tasks import SYMBOL0, SYMBOLS, Cipher
+
+STUCK = 0.9     # a symbol is stuck when the response got it wrong in at least this share of its occurrences
+MIN_SEEN = 8    # ... and it occurred at least this often in the dumps read
+
+
+def cap(k: int, n: int) -> float:
+    """The exact-match ceiling with k stuck symbols and n-symbol prompts drawn with replacement."""
+    return (1 - k / SYMBOLS) ** n
+
+
+def dumps(run: str, last: int) -> list[str]:
+    folder = os.path.join(run, "samples")
+    steps = sorted((int(m.group(1)), d) for d in (os.listdir(folder) if os.path.isdir(folder) else [])
+                   if (m := re.fullmatch(r"step(\d+)", d)))
+    if not steps:
+        raise InputError(f"{run}: no sample dumps (samples/stepN, written by train.py --dump-every)")
+    return [os.path.join(folder, d) for _, d in steps[-last:]]
+
+
+def symbol_errors(tokens: list[list[int]], Lp: int) -> tuple[Counter, Counter, int, int]:
+    """(occurrences, wrong) per symbol index, exact rows, rows, over one dump of a cipher batch (prompt length Lp)."""
+    seen, wrong, exact = Counter(), Counter(), 0
+    for row in tokens:
+        prompt, resp = row[:Lp], row[Lp:]
+        syms = [t - SYMBOL0 for t in prompt if SYMBOL0 <= t < SYMBOL0 + SYMBOLS]
+        ok = True
+        for i, s in enumerate(syms):
+            seen[s] += 1
+            if i >= len(resp) or resp[i] != SYMBOL0 + Cipher.PI[s]:
+                wrong[s] += 1
+                ok = False
+        exact += ok
+    return seen, wrong, exact, len(tokens)
+
+
+def extract(run: str, last: int) -> dict:
+    """What the table needs from a run folder: its task and the tokens (and prompt length) of its last dumps."""
+    try:
+        with open(os.path.join(run, "args.json")) as f:
+            task = json.load(f)["task"]
+    except (OSError, ValueError, KeyError) as e:
+        raise InputError(f"{run}: no readable args.json with a task ({e})") from None
+    out = []
+    for d in dumps(run, last):
+        b = load_batch(d)
+        if b.meta.get("prompt_len") is None:
+            raise InputError(f"{d}: a sample dump without meta['prompt_len']: not a train.py dump")
+        out.append(dict(dump=os.path.basename(d), prompt_len=b.meta["prompt_len"], tokens=b.tokens.tolist()))
+    return dict(run=os.path.basename(os.path.normpath(run)), task=task, dumps=out)
+
+
+def analyse(inp: dict, heldout: list[float]) -> dict:
+    """The stuck symbols of one run's dumps (`extract`), beside its held-out accuracies in order."""
+    m = re.fullmatch(r"cipher:(\d+)-(\d+)", inp["task"])
+    if not m or m.group(1) != m.group(2):
+        raise InputError(f"{inp['run']}: task {inp['task']!r}; this reads cipher runs with one prompt length "
+                         "(cipher:N-N)")
+    seen, wrong, exact, rows = Counter(), Counter(), 0, 0
+    for d in inp["dumps"]:
+        s, w, e, r = symbol_errors(d["tokens"], d["prompt_len"])
+        seen.update(s), wrong.update(w)
+        exact, rows = exact + e, rows + r
+    stuck = sorted(s for s in seen if seen[s] >= MIN_SEEN and wrong[s] >= STUCK * seen[s])
+    return dict(run=inp["run"], task=inp["task"], dumps=[d["dump"] for d in inp["dumps"]], rows=rows,
+                exact_rows=exact / rows if rows else None, stuck=stuck, cap=cap(len(stuck), int(m.group(1))),
+                other_errors=sum(wrong[s] for s in wrong if s not in stuck),
+                best_heldout=max(heldout) if heldout else None, last_heldout=heldout[-1] if heldout else None)
+
+
+def heldout_of(rows: list[dict]) -> list[float]:
+    return [r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None]
+
+
+def read_run(run: str, last: int) -> dict:
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return analyse(extract(run, last), heldout_of(rows))
+
+
+def input_path(grid: str, run: str) -> str:
+    return os.path.join(grid, "dumps", run + ".json.gz")
+
+
+def save_inputs(grid: str, last: int) -> list[str]:
+    """GRID/dumps/RUN.json.gz for every finished run in GRID/runs that has none yet (gzip without a time stamp)."""
+    root, written = os.path.join(grid, "runs"), []
+    if not os.path.isdir(root):
+        raise InputError(f"{root}: no such folder (a grid keeps its runs in OUT/runs)")
+    for d in sorted(os.listdir(root)):
+        run = os.path.join(root, d)
+        if not os.path.exists(os.path.join(run, "done.json")) or os.path.exists(input_path(grid, d)):
+            continue
+        text = json.dumps(extract(run, last)).encode()
+        os.makedirs(os.path.dirname(input_path(grid, d)), exist_ok=True)
+
+        def write(tmp):
+            with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as g:
+                g.write(text)
+        atomic_write(input_path(grid, d), write)
+        written.append(d)
+    return written
+
+
+def read_grid(grid: str) -> list[dict]:
+    """The table's rows from GRID/dumps and the runs' records in GRID/records."""
+    folder = os.path.join(grid, "dumps")
+    names = sorted(f[:-len(".json.gz")] for f in (os.listdir(folder) if os.path.isdir(folder) else [])
+                   if f.endswith(".json.gz"))
+    if not names:
+        raise InputError(f"{folder}: no inputs; make them with --save-inputs {grid} where the run folders are")
+    res = []
+    for name in names:
+        try:
+            with gzip.open(input_path(grid, name), "rt") as f:
+                inp = json.load(f)
+        except (OSError, EOFError, ValueError) as e:
+            raise InputError(f"{input_path(grid, name)}: not a readable input ({e}); remake it with "
+                             f"--save-inputs") from None
+        record = os.path.join(grid, "records", name + ".jsonl.gz")
+        res.append(analyse(inp, heldout_of(read_record(record)[1]) if os.path.exists(record) else []))
+    return res
+
+
+def table(res: list[dict]) -> str:
+    lines = ["| run | best held-out | last held-out | exact rows in the dumps | stuck symbols | cap (1 - k/64)^n | "
+             "other wrong positions |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {fmt(r['best_heldout'])} | {fmt(r['last_heldout'])} | {fmt(r['exact_rows'])} | "
+              f"{', '.join(map(str, r['stuck'])) or '—'} | {fmt(r['cap'])} | {r['other_errors']} |" for r in res]
+    return "\n".join(lines)
+
+
+def summary(res: list[dict]) -> str:
+    """Runs by their count of stuck symbols (in the last dumps): how many, the cap, their last held-out accuracy (the
+    state the dumps saw) and best; and the symbols stuck in several runs of one seed (its arms share its warm-up)."""
+    def spread(xs):
+        xs = sorted(x for x in xs if x is not None)
+        return f"{fmt(xs[0])}, {fmt(statistics.median(xs))}, {fmt(xs[-1])}" if xs else "—"
+    lines = ["| stuck symbols | runs | cap (1 - k/64)^n | last held-out: min, median, max | best held-out: min, "
+             "median, max |", "|---|---|---|---|---|"]
+    for k in sorted({len(r["stuck"]) for r in res}):
+        rs = [r for r in res if len(r["stuck"]) == k]
+        lines.append(f"| {k} | {len(rs)} | {fmt(rs[0]['cap'])} | {spread(r['last_heldout'] for r in rs)} | "
+                     f"{spread(r['best_heldout'] for r in rs)} |")
+    by_seed = {}
+    for r in res:
+        seed = re.search(r"-s(\d+)$", r["run"])
+        for sym in r["stuck"]:
+            by_seed.setdefault((seed.group(1) if seed else "?", sym), []).append(r["run"])
+    shared = [f"symbol {sym} in {len(runs)} runs of seed {seed}" for (seed, sym), runs in sorted(
+        by_seed.items(), key=lambda kv: (-len(kv[1]), kv[0])) if len(runs) > 1]
+    return "\n".join(lines) + "\n\nStuck in more than one run of a seed: " + ("; ".join(shared) or "none") + "."
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="*", help="cipher run folders")
+    p.add_argument("--grid", default=None, help="the table of a grid's runs from GRID/dumps and GRID/records")
+    p.add_argument("--save-inputs", default=None, metavar="GRID",
+                   help="write GRID/dumps/RUN.json.gz for the finished runs in GRID/runs that have none")
+    p.add_argument("--last", type=int, default=8, help="read the last N sample dumps of each run")
+    p.add_argument("--out", default=None, help="write OUT/plateaus.{json,md} (default with --grid: GRID)")
+    args = p.parse_args(argv)
+    if args.last < 1:
+        p.error("--last must be >= 1")
+    if sum(map(bool, (args.runs, args.grid, args.save_inputs))) != 1:
+        p.error("name run folders, or --grid GRID, or --save-inputs GRID (one of them)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t0 = time.time()
+    if args.save_inputs:
+        written = save_inputs(args.save_inputs, args.last)
+        print(f"{len(written)} inputs written to {os.path.join(args.save_inputs, 'dumps')}" +
+              (f": {', '.join(written)}" if written else ""))
+        return
+    res = read_grid(args.grid) if args.grid else [read_run(r, args.last) for r in args.runs]
+    md = (f"Exploratory: the symbols each cipher run maps wrong in at least {STUCK:.0%} of their occurrences (seen at "
+          f"least {MIN_SEEN} times) over its last sample dumps, beside its held-out accuracy and the cap that many "
+          f"stuck symbols put on exact answers.\n\n" + summary(res) + "\n\n" + table(res))
+    print(md)
+    out = args.out or args.grid
+    if out:
+        write_results(os.path.join(out, "plateaus.json"), dict(stuck_share=STUCK, min_seen=MIN_SEEN, runs=res),
+                      t0=t0, md=md)
+
+
+if __name__ == "__main__":
+    run_main(main)
