@@ -3,22 +3,21 @@
   python -m experiments.plateaus RUN [RUN ...]                  # any cipher run folders (train.py --task cipher:N-N)
   python -m experiments.plateaus --save-inputs results/staleness  # the grid's finished runs' late dumps, tokens only,
                                                                   # into GRID/dumps/RUN.json.gz (kept; committed)
-  python -m experiments.plateaus --grid results/staleness         # the table from GRID/dumps and GRID/records:
-                                                                  # GRID/plateaus.{json,md}, seconds
+  python -m experiments.plateaus --grid results/staleness         # the table from GRID/dumps, GRID/records and
+                                                                  # GRID/grid.json: GRID/plateaus.{json,md}, seconds
 
-A cipher answer is exact only when every symbol of the prompt maps right. A policy that maps one of the 64 symbols
-wrong on every sample (its entropy has collapsed, so the samples of a GRPO group agree there and the group's
-advantages give that position no signal to change) fails every prompt that holds that symbol. With n symbols drawn
-with replacement, k stuck symbols cap exact accuracy at (1 - k/64)^n: for n = 32, 0.60, 0.36, 0.22 and 0.13 for
-k = 1..4, the levels the staleness grid's runs plateau at. This reads a run's late sample dumps (RUN/samples/stepN,
-the last --last of them, each one GRPO group of --dump-rows rows) and counts, for every symbol, how often the
-response mapped it wrong; a symbol is stuck when it was wrong in at least STUCK of its occurrences, and it occurred
-at least MIN_SEEN times. Beside it: the run's best and last held-out accuracy (metrics.jsonl) and the cap.
+A cipher answer is exact only when every symbol of the prompt maps right, so a policy that maps a symbol wrong
+fails every prompt that holds it. This reads a run's late sample dumps (RUN/samples/stepN, the last --last of them;
+each is one GRPO group, 8 samples of one prompt) and calls a symbol stuck when the response mapped it wrong in at
+least STUCK of its occurrences, in at least MIN_PROMPTS of the dumps' prompts. The cap k stuck symbols put on
+held-out accuracy is the share of the run's own held-out prompts (r3.evaluate.heldout_examples, the same for every
+run of a task) that hold none of them; (1 - k/64)^n is that share in expectation, for n symbols drawn with
+replacement.
 
-Exploratory, written at 39 of 120 grid runs after the plateaus were seen; not part of any pre-registered rule. The
+Exploratory, written at 40 of 120 grid runs after the plateaus were seen; not part of any pre-registered rule. The
 run folders are not committed, so `--save-inputs` keeps what the table needs from them (the tokens of each run's
-last dumps, a few kB a run) beside the grid's records; `--grid` reads only those and the records, so a clean clone
-remakes the table (experiments.reproduce checks it).
+last dumps, a few kB a run) beside the grid's records; `--grid` reads only those, the records and grid.json, so a
+clean clone remakes the table (experiments.reproduce checks it).
 """
 import argparse
 import gzip
@@ -30,14 +29,16 @@ import time
 from collections import Counter
 
 from experiments.common import fmt, write_results
+from experiments.staleness import cell_run
 from experiments.sweep import read_record
 from r3.batch import load_batch
 from r3.errors import InputError, run_main
 from r3.io import atomic_write
-from r3.tasks import SYMBOL0, SYMBOLS, Cipher
+from r3.evaluate import heldout_examples
+from r3.tasks import EOS, SYMBOL0, SYMBOLS, Cipher, make_task
 
-STUCK = 0.9     # a symbol is stuck when the response got it wrong in at least this share of its occurrences
-MIN_SEEN = 8    # ... and it occurred at least this often in the dumps read
+STUCK = 0.9       # a symbol is stuck when the response got it wrong in at least this share of its occurrences
+MIN_PROMPTS = 2   # ... and it occurred in at least this many of the dumps' prompts (a dump is one prompt's group)
 
 
 def cap(k: int, n: int) -> float:
@@ -55,12 +56,13 @@ def dumps(run: str, last: int) -> list[str]:
 
 
 def symbol_errors(tokens: list[list[int]], Lp: int) -> tuple[Counter, Counter, int, int]:
-    """(occurrences, wrong) per symbol index, exact rows, rows, over one dump of a cipher batch (prompt length Lp)."""
+    """(occurrences, wrong) per symbol index, exact rows (EOS after the last symbol included), rows, over one dump of
+    a cipher batch (prompt length Lp, the '=' included)."""
     seen, wrong, exact = Counter(), Counter(), 0
     for row in tokens:
         prompt, resp = row[:Lp], row[Lp:]
         syms = [t - SYMBOL0 for t in prompt if SYMBOL0 <= t < SYMBOL0 + SYMBOLS]
-        ok = True
+        ok = len(resp) > len(syms) and resp[len(syms)] == EOS
         for i, s in enumerate(syms):
             seen[s] += 1
             if i >= len(resp) or resp[i] != SYMBOL0 + Cipher.PI[s]:
@@ -70,36 +72,47 @@ def symbol_errors(tokens: list[list[int]], Lp: int) -> tuple[Counter, Counter, i
     return seen, wrong, exact, len(tokens)
 
 
+def eval_cap(task: str, n: int, stuck: list[int]) -> float | None:
+    """The share of the task's first n held-out prompts (what train.py --eval-prompts n scores) holding none of
+    `stuck`: the best held-out accuracy a run stuck on them can reach."""
+    prompts = [[t - SYMBOL0 for t in e.prompt if SYMBOL0 <= t < SYMBOL0 + SYMBOLS]
+               for e in heldout_examples(make_task(task), n)]
+    return sum(not set(p) & set(stuck) for p in prompts) / len(prompts) if prompts else None
+
+
 def extract(run: str, last: int) -> dict:
     """What the table needs from a run folder: its task and the tokens (and prompt length) of its last dumps."""
     try:
         with open(os.path.join(run, "args.json")) as f:
-            task = json.load(f)["task"]
+            args = json.load(f)
+        task, eval_prompts = args["task"], args["eval_prompts"]
     except (OSError, ValueError, KeyError) as e:
-        raise InputError(f"{run}: no readable args.json with a task ({e})") from None
+        raise InputError(f"{run}: no readable args.json with a task and eval_prompts ({e})") from None
     out = []
     for d in dumps(run, last):
         b = load_batch(d)
         if b.meta.get("prompt_len") is None:
             raise InputError(f"{d}: a sample dump without meta['prompt_len']: not a train.py dump")
         out.append(dict(dump=os.path.basename(d), prompt_len=b.meta["prompt_len"], tokens=b.tokens.tolist()))
-    return dict(run=os.path.basename(os.path.normpath(run)), task=task, dumps=out)
+    return dict(run=os.path.basename(os.path.normpath(run)), task=task, eval_prompts=eval_prompts, dumps=out)
 
 
-def analyse(inp: dict, heldout: list[float]) -> dict:
-    """The stuck symbols of one run's dumps (`extract`), beside its held-out accuracies in order."""
+def analyse(inp: dict, heldout: list[float], fell: bool | None = None) -> dict:
+    """The stuck symbols of one run's dumps (`extract`), beside its held-out accuracies in order; `fell`: whether the
+    run collapsed (the grid's rule; None when not known)."""
     m = re.fullmatch(r"cipher:(\d+)-(\d+)", inp["task"])
     if not m or m.group(1) != m.group(2):
         raise InputError(f"{inp['run']}: task {inp['task']!r}; this reads cipher runs with one prompt length "
                          "(cipher:N-N)")
-    seen, wrong, exact, rows = Counter(), Counter(), 0, 0
+    seen, wrong, prompts, exact, rows = Counter(), Counter(), Counter(), 0, 0
     for d in inp["dumps"]:
         s, w, e, r = symbol_errors(d["tokens"], d["prompt_len"])
-        seen.update(s), wrong.update(w)
+        seen.update(s), wrong.update(w), prompts.update(set(s))
         exact, rows = exact + e, rows + r
-    stuck = sorted(s for s in seen if seen[s] >= MIN_SEEN and wrong[s] >= STUCK * seen[s])
-    return dict(run=inp["run"], task=inp["task"], dumps=[d["dump"] for d in inp["dumps"]], rows=rows,
-                exact_rows=exact / rows if rows else None, stuck=stuck, cap=cap(len(stuck), int(m.group(1))),
+    stuck = sorted(s for s in seen if prompts[s] >= MIN_PROMPTS and wrong[s] >= STUCK * seen[s])
+    return dict(run=inp["run"], task=inp["task"], fell=fell, dumps=[d["dump"] for d in inp["dumps"]], rows=rows,
+                exact_rows=exact / rows if rows else None, stuck=stuck, stuck_prompts=[prompts[s] for s in stuck],
+                cap=eval_cap(inp["task"], inp["eval_prompts"], stuck), cap_expected=cap(len(stuck), int(m.group(1))),
                 other_errors=sum(wrong[s] for s in wrong if s not in stuck),
                 best_heldout=max(heldout) if heldout else None, last_heldout=heldout[-1] if heldout else None)
 
@@ -121,8 +134,9 @@ def input_path(grid: str, run: str) -> str:
 def save_inputs(grid: str, last: int) -> list[str]:
     """GRID/dumps/RUN.json.gz for every finished run in GRID/runs that has none yet (gzip without a time stamp)."""
     root, written = os.path.join(grid, "runs"), []
-    if not os.path.isdir(root):
-        raise InputError(f"{root}: no such folder (a grid keeps its runs in OUT/runs)")
+    if not os.path.isdir(root):  # a clean clone: the committed inputs are all there is
+        print(f"note: {root} does not exist here; the kept inputs in {os.path.join(grid, 'dumps')} stand as they are")
+        return written
     for d in sorted(os.listdir(root)):
         run = os.path.join(root, d)
         if not os.path.exists(os.path.join(run, "done.json")) or os.path.exists(input_path(grid, d)):
@@ -145,7 +159,7 @@ def read_grid(grid: str) -> list[dict]:
                    if f.endswith(".json.gz"))
     if not names:
         raise InputError(f"{folder}: no inputs; make them with --save-inputs {grid} where the run folders are")
-    res = []
+    res, fell = [], grid_falls(grid)
     for name in names:
         try:
             with gzip.open(input_path(grid, name), "rt") as f:
@@ -154,30 +168,46 @@ def read_grid(grid: str) -> list[dict]:
             raise InputError(f"{input_path(grid, name)}: not a readable input ({e}); remake it with "
                              f"--save-inputs") from None
         record = os.path.join(grid, "records", name + ".jsonl.gz")
-        res.append(analyse(inp, heldout_of(read_record(record)[1]) if os.path.exists(record) else []))
+        res.append(analyse(inp, heldout_of(read_record(record)[1]) if os.path.exists(record) else [],
+                           fell.get(name)))
     return res
 
 
+def grid_falls(grid: str) -> dict:
+    """Run folder name -> whether it collapsed (primary rule), from GRID/grid.json ({} without one)."""
+    path = os.path.join(grid, "grid.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        g = json.load(f)
+    return {os.path.basename(cell_run(c, int(s), g["lr"], "")[0].rstrip(os.sep)): r["collapse_step"] is not None
+            for c, d in g["cells"].items() if not d.get("alias_of") for s, r in d["runs"].items()}
+
+
 def table(res: list[dict]) -> str:
-    lines = ["| run | best held-out | last held-out | exact rows in the dumps | stuck symbols | cap (1 - k/64)^n | "
-             "other wrong positions |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['run']} | {fmt(r['best_heldout'])} | {fmt(r['last_heldout'])} | {fmt(r['exact_rows'])} | "
-              f"{', '.join(map(str, r['stuck'])) or '—'} | {fmt(r['cap'])} | {r['other_errors']} |" for r in res]
+    lines = ["| run | fell | best held-out | last held-out | exact rows in the dumps | stuck symbols (prompts) | "
+             "cap on its held-out prompts | (1 - k/64)^n | other wrong positions |", "|---" * 9 + "|"]
+    lines += [f"| {r['run']} | {'—' if r['fell'] is None else 'yes' if r['fell'] else 'no'} | "
+              f"{fmt(r['best_heldout'])} | {fmt(r['last_heldout'])} | {fmt(r['exact_rows'])} | "
+              f"{', '.join(f'{s} ({n})' for s, n in zip(r['stuck'], r['stuck_prompts'])) or '—'} | {fmt(r['cap'])} | "
+              f"{fmt(r['cap_expected'])} | {r['other_errors']} |" for r in res]
     return "\n".join(lines)
 
 
 def summary(res: list[dict]) -> str:
-    """Runs by their count of stuck symbols (in the last dumps): how many, the cap, their last held-out accuracy (the
-    state the dumps saw) and best; and the symbols stuck in several runs of one seed (its arms share its warm-up)."""
+    """The runs that did not collapse, by their count of stuck symbols: how many, the expected cap, how far their best
+    held-out sits from their own cap; the fallen runs apart; and symbols stuck in several runs of one seed."""
     def spread(xs):
         xs = sorted(x for x in xs if x is not None)
         return f"{fmt(xs[0])}, {fmt(statistics.median(xs))}, {fmt(xs[-1])}" if xs else "—"
-    lines = ["| stuck symbols | runs | cap (1 - k/64)^n | last held-out: min, median, max | best held-out: min, "
-             "median, max |", "|---|---|---|---|---|"]
-    for k in sorted({len(r["stuck"]) for r in res}):
-        rs = [r for r in res if len(r["stuck"]) == k]
-        lines.append(f"| {k} | {len(rs)} | {fmt(rs[0]['cap'])} | {spread(r['last_heldout'] for r in rs)} | "
-                     f"{spread(r['best_heldout'] for r in rs)} |")
+    stable = [r for r in res if r["fell"] is False]
+    lines = ["| stuck symbols | runs (not collapsed) | (1 - k/64)^n | best held-out: min, median, max | best held-out "
+             "- cap on its held-out prompts: min, median, max |", "|---|---|---|---|---|"]
+    for k in sorted({len(r["stuck"]) for r in stable}):
+        rs = [r for r in stable if len(r["stuck"]) == k]
+        lines.append(f"| {k} | {len(rs)} | {fmt(rs[0]['cap_expected'])} | {spread(r['best_heldout'] for r in rs)} | "
+                     + spread(r["best_heldout"] - r["cap"] for r in rs if r["best_heldout"] is not None) + " |")
+    fallen = [r for r in res if r["fell"]]
     by_seed = {}
     for r in res:
         seed = re.search(r"-s(\d+)$", r["run"])
@@ -185,7 +215,11 @@ def summary(res: list[dict]) -> str:
             by_seed.setdefault((seed.group(1) if seed else "?", sym), []).append(r["run"])
     shared = [f"symbol {sym} in {len(runs)} runs of seed {seed}" for (seed, sym), runs in sorted(
         by_seed.items(), key=lambda kv: (-len(kv[1]), kv[0])) if len(runs) > 1]
-    return "\n".join(lines) + "\n\nStuck in more than one run of a seed: " + ("; ".join(shared) or "none") + "."
+    unknown = sum(r["fell"] is None for r in res)
+    return ("\n".join(lines) + f"\n\nRuns that collapsed (the grid's rule), not in the table above: {len(fallen)}" +
+            (" (" + "; ".join(f"{r['run']}: {len(r['stuck'])} stuck" for r in fallen) + ")" if fallen else "") +
+            "." + (f" Runs grid.json does not hold, not in the table either: {unknown}." if unknown else "") +
+            "\n\nStuck in more than one run of a seed: " + ("; ".join(shared) or "none") + ".")
 
 
 def parse_args(argv=None):
@@ -213,13 +247,14 @@ def main(argv=None):
               (f": {', '.join(written)}" if written else ""))
         return
     res = read_grid(args.grid) if args.grid else [read_run(r, args.last) for r in args.runs]
-    md = (f"Exploratory: the symbols each cipher run maps wrong in at least {STUCK:.0%} of their occurrences (seen at "
-          f"least {MIN_SEEN} times) over its last sample dumps, beside its held-out accuracy and the cap that many "
-          f"stuck symbols put on exact answers.\n\n" + summary(res) + "\n\n" + table(res))
+    md = (f"Exploratory: the symbols each cipher run maps wrong in at least {STUCK:.0%} of their occurrences, in at "
+          f"least {MIN_PROMPTS} of the prompts of its last sample dumps, beside its held-out accuracy and the cap "
+          f"they put on it: the share of its held-out prompts holding none of them.\n\n" + summary(res) + "\n\n" +
+          table(res))
     print(md)
     out = args.out or args.grid
     if out:
-        write_results(os.path.join(out, "plateaus.json"), dict(stuck_share=STUCK, min_seen=MIN_SEEN, runs=res),
+        write_results(os.path.join(out, "plateaus.json"), dict(stuck_share=STUCK, min_prompts=MIN_PROMPTS, runs=res),
                       t0=t0, md=md)
 
 

@@ -1,6 +1,7 @@
-"""What this proves: experiments.plateaus finds the symbols a cipher run maps wrong on (nearly) every occurrence in
-its sample dumps, and only those; the cap it reports is (1 - k/64)^n; the inputs it keeps for a grid (tokens of the
-last dumps) give the same table as the run folders; bad input is refused with a line naming the file."""
+"""What this proves: experiments.plateaus finds the symbols a cipher run maps wrong on (nearly) every occurrence, in
+at least two of its dumps' prompts, and only those; a right answer (a real Cipher example) counts as exact; the cap
+is the share of the run's held-out prompts free of the stuck symbols; the inputs it keeps for a grid give the same
+table as the run folders, byte for byte on a rerun; bad input is refused with a line naming the file."""
 import gzip
 import json
 import os
@@ -11,16 +12,17 @@ import torch
 from experiments import plateaus as P
 from r3.batch import Batch, save_batch
 from r3.errors import InputError
-from r3.tasks import SYMBOL0, Cipher
+from r3.evaluate import heldout_examples
+from r3.tasks import EOS, SYMBOL0, TOK, Cipher, make_task
 
 N = 4  # symbols per prompt
+TASK = f"cipher:{N}-{N}"
 
 
 def row(symbols, wrong=()):
-    """Prompt (symbols, '=') then the answer, with the symbols in `wrong` mapped one past their image."""
-    prompt = [SYMBOL0 + s for s in symbols] + [SYMBOL0 - 1]  # any non-symbol id stands for '='
-    answer = [SYMBOL0 + (Cipher.PI[s] + (s in wrong)) % 64 for s in symbols]
-    return prompt + answer
+    """Prompt (symbols, '=') then the answer and EOS, with the symbols in `wrong` mapped one past their image."""
+    return [SYMBOL0 + s for s in symbols] + [TOK["="]] + \
+        [SYMBOL0 + (Cipher.PI[s] + (s in wrong)) % 64 for s in symbols] + [EOS]
 
 
 def dump(folder, rows):
@@ -32,34 +34,54 @@ def dump(folder, rows):
     save_batch(b, folder)
 
 
-def make_run(path, task=f"cipher:{N}-{N}", heldout=(0.2, 0.6, 0.5)):
+# each dump is one prompt's group of 4 samples: symbol 7 is wrong in every one of its 12 occurrences, in 2 prompts;
+# symbol 9 is wrong in 1 of its 16; symbol 5 is wrong in all of its 8, but in one prompt only
+GROUPS = [[row([7, 9, 3, 7], wrong=(7,))] * 4, [row([7, 9, 9, 3], wrong=(7,))] * 4,
+          [row([9, 3, 3, 3], wrong=(9,))] + [row([9, 3, 3, 3])] * 3, [row([5, 3, 5, 3], wrong=(5,))] * 4]
+
+
+def make_run(path, task=TASK, heldout=(0.2, 0.6, 0.5), groups=GROUPS):
     os.makedirs(path)
     with open(os.path.join(path, "args.json"), "w") as f:
-        json.dump(dict(task=task), f)
+        json.dump(dict(task=task, eval_prompts=16), f)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         for i, a in enumerate(heldout):
             f.write(json.dumps({"step": i, "eval/accuracy": a}) + "\n")
     with open(os.path.join(path, "done.json"), "w") as f:
         json.dump({}, f)
-    # symbol 7 wrong every time it occurs (12 times); symbol 9 wrong in 1 of its 8; symbol 3 right
-    for step, rows in enumerate([[row([7, 9, 3, 7], wrong=(7,))] * 4, [row([7, 9, 9, 3], wrong=(7,))] * 4,
-                                 [row([9, 3, 3, 3], wrong=(9,))] + [row([9, 3, 3, 3])] * 3]):
+    for step, rows in enumerate(groups):
         dump(os.path.join(path, "samples", f"step{step * 50}"), rows)
 
 
-def test_cap():
-    assert P.cap(0, 32) == 1 and P.cap(1, 32) == pytest.approx(0.6041, abs=1e-4)
-    assert P.cap(2, 32) == pytest.approx((62 / 64) ** 32)
+def test_a_right_answer_counts_as_exact():
+    task = make_task(TASK)
+    ex = task.sample(3, torch.Generator().manual_seed(0))
+    rows = [e.prompt + e.answer + [EOS] for e in ex]
+    seen, wrong, exact, n = P.symbol_errors(rows, len(ex[0].prompt))
+    assert (exact, n, sum(wrong.values()), sum(seen.values())) == (3, 3, 0, 3 * N)
+    rows[0][-1] = TOK["<pad>"]  # no EOS after the answer: not exact, though every symbol is right
+    assert P.symbol_errors(rows, len(ex[0].prompt))[2] == 2
 
 
 def test_finds_the_stuck_symbol_and_only_it(tmp_path):
     make_run(tmp_path / "run")
     r = P.read_run(str(tmp_path / "run"), last=8)
-    assert r["stuck"] == [7] and r["cap"] == pytest.approx((63 / 64) ** N)
-    assert r["rows"] == 12 and r["exact_rows"] == pytest.approx(3 / 12)  # only the 3 right rows of the last dump
-    assert r["other_errors"] == 1  # symbol 9's one slip
+    assert r["stuck"] == [7] and r["stuck_prompts"] == [2]  # 5: wrong every time, but in one prompt only
+    assert r["cap_expected"] == pytest.approx((63 / 64) ** N)
+    free = [not {t - SYMBOL0 for t in e.prompt} & {7} for e in heldout_examples(make_task(TASK), 16)]
+    assert r["cap"] == pytest.approx(sum(free) / 16) and r["cap"] < 1
+    assert r["rows"] == 16 and r["exact_rows"] == pytest.approx(3 / 16)  # the 3 right rows of the third group
+    assert r["other_errors"] == 1 + 8  # symbol 9's one slip, symbol 5's one prompt
     assert (r["best_heldout"], r["last_heldout"]) == (0.6, 0.5)
-    assert P.read_run(str(tmp_path / "run"), last=1)["stuck"] == []  # the last dump alone: 7 does not occur
+    assert P.read_run(str(tmp_path / "run"), last=1)["stuck"] == []  # the last dump alone: one prompt
+
+
+def test_the_share_wrong_must_reach_stuck(tmp_path):
+    # symbol 7: 9 of 10 occurrences wrong (0.9: stuck); symbol 8: 8 of 10 (below)
+    groups = [[row([7, 8, 3, 3], wrong=(7, 8))] * 5, [row([7, 8, 3, 3], wrong=(7,))] * 4 +
+              [row([7, 8, 3, 3], wrong=(8,))]]
+    make_run(tmp_path / "run", groups=groups)
+    assert P.read_run(str(tmp_path / "run"), last=8)["stuck"] == [7]
 
 
 def test_grid_inputs_give_the_run_folders_table(tmp_path):
@@ -72,13 +94,17 @@ def test_grid_inputs_give_the_run_folders_table(tmp_path):
     P.save_inputs(str(grid), last=8)
     assert (grid / "dumps" / "a-s0.json.gz").read_bytes() == first  # the same run makes the same bytes
     direct = P.read_run(str(grid / "runs" / "a-s0"), last=8)
-    (from_inputs,) = P.read_grid(str(grid))  # no record: no held-out
+    (from_inputs,) = P.read_grid(str(grid))  # no record, no grid.json: no held-out, fall unknown
+    assert from_inputs["fell"] is None
     assert {k: v for k, v in from_inputs.items() if "heldout" not in k} == \
         {k: v for k, v in direct.items() if "heldout" not in k}
     P.main(["--grid", str(grid)])
     data = json.loads((grid / "plateaus.json").read_text())
     assert data["runs"][0]["stuck"] == [7]
-    assert "Stuck in more than one run of a seed: none." in (grid / "plateaus.md").read_text()
+    md = (grid / "plateaus.md").read_text()
+    assert "Runs grid.json does not hold, not in the table either: 1." in md
+    assert "Stuck in more than one run of a seed: none." in md
+    assert P.save_inputs(str(tmp_path / "clean-clone"), last=8) == []  # no run folders: the kept inputs stand
 
 
 def test_refusals(tmp_path):
@@ -87,7 +113,7 @@ def test_refusals(tmp_path):
         P.read_run(str(tmp_path / "sort"), last=8)
     os.makedirs(tmp_path / "empty")
     with open(tmp_path / "empty" / "args.json", "w") as f:
-        json.dump(dict(task="cipher:4-4"), f)
+        json.dump(dict(task=TASK, eval_prompts=16), f)
     with pytest.raises(InputError, match="no sample dumps"):
         P.extract(str(tmp_path / "empty"), last=8)
     os.makedirs(tmp_path / "grid" / "dumps")
