@@ -3,8 +3,8 @@
   python -m experiments.plateaus RUN [RUN ...]                  # any cipher run folders (train.py --task cipher:N-N)
   python -m experiments.plateaus --save-inputs results/staleness  # the grid's finished runs' late dumps, tokens only,
                                                                   # into GRID/dumps/RUN.json.gz (kept; committed)
-  python -m experiments.plateaus --grid results/staleness         # the table from GRID/dumps, GRID/records and
-                                                                  # GRID/grid.json: GRID/plateaus.{json,md}, seconds
+  python -m experiments.plateaus --grid results/staleness         # the table from GRID/dumps and GRID/grid.json:
+                                                                  # GRID/plateaus.{json,md}, seconds
 
 A cipher answer is exact only when every symbol of the prompt maps right, so a policy that maps a symbol wrong
 fails every prompt that holds it. This reads a run's late sample dumps (RUN/samples/stepN, the last --last of them;
@@ -16,8 +16,8 @@ replacement.
 
 Exploratory, written at 40 of 120 grid runs after the plateaus were seen; not part of any pre-registered rule. The
 run folders are not committed, so `--save-inputs` keeps what the table needs from them (the tokens of each run's
-last dumps, a few kB a run) beside the grid's records; `--grid` reads only those, the records and grid.json, so a
-clean clone remakes the table (experiments.reproduce checks it).
+last dumps, a few kB a run) beside the grid's records; `--grid` reads only those and grid.json, so a clean clone
+remakes the table (experiments.reproduce checks it).
 """
 import argparse
 import gzip
@@ -30,7 +30,6 @@ from collections import Counter
 
 from experiments.common import fmt, write_results
 from experiments.staleness import cell_run
-from experiments.sweep import read_record
 from r3.batch import load_batch
 from r3.errors import InputError, run_main
 from r3.io import atomic_write
@@ -55,13 +54,17 @@ def dumps(run: str, last: int) -> list[str]:
     return [os.path.join(folder, d) for _, d in steps[-last:]]
 
 
+def symbols(prompt: list[int]) -> list[int]:
+    """The cipher symbols (indices 0-63) of a prompt, in order."""
+    return [t - SYMBOL0 for t in prompt if SYMBOL0 <= t < SYMBOL0 + SYMBOLS]
+
+
 def symbol_errors(tokens: list[list[int]], Lp: int) -> tuple[Counter, Counter, int, int]:
     """(occurrences, wrong) per symbol index, exact rows (EOS after the last symbol included), rows, over one dump of
     a cipher batch (prompt length Lp, the '=' included)."""
     seen, wrong, exact = Counter(), Counter(), 0
     for row in tokens:
-        prompt, resp = row[:Lp], row[Lp:]
-        syms = [t - SYMBOL0 for t in prompt if SYMBOL0 <= t < SYMBOL0 + SYMBOLS]
+        syms, resp = symbols(row[:Lp]), row[Lp:]
         ok = len(resp) > len(syms) and resp[len(syms)] == EOS
         for i, s in enumerate(syms):
             seen[s] += 1
@@ -75,9 +78,8 @@ def symbol_errors(tokens: list[list[int]], Lp: int) -> tuple[Counter, Counter, i
 def eval_cap(task: str, n: int, stuck: list[int]) -> float | None:
     """The share of the task's first n held-out prompts (what train.py --eval-prompts n scores) holding none of
     `stuck`: the best held-out accuracy a run stuck on them can reach."""
-    prompts = [[t - SYMBOL0 for t in e.prompt if SYMBOL0 <= t < SYMBOL0 + SYMBOLS]
-               for e in heldout_examples(make_task(task), n)]
-    return sum(not set(p) & set(stuck) for p in prompts) / len(prompts) if prompts else None
+    prompts = [set(symbols(e.prompt)) for e in heldout_examples(make_task(task), n)]
+    return sum(not p & set(stuck) for p in prompts) / len(prompts) if prompts else None
 
 
 def extract(run: str, last: int) -> dict:
@@ -97,9 +99,9 @@ def extract(run: str, last: int) -> dict:
     return dict(run=os.path.basename(os.path.normpath(run)), task=task, eval_prompts=eval_prompts, dumps=out)
 
 
-def analyse(inp: dict, heldout: list[float], fell: bool | None = None) -> dict:
-    """The stuck symbols of one run's dumps (`extract`), beside its held-out accuracies in order; `fell`: whether the
-    run collapsed (the grid's rule; None when not known)."""
+def analyse(inp: dict, best: float | None, last: float | None, fell: bool | None = None) -> dict:
+    """The stuck symbols of one run's dumps (`extract`), beside its best and last held-out accuracy; `fell`: whether
+    the run collapsed (the grid's rule; None when not known)."""
     m = re.fullmatch(r"cipher:(\d+)-(\d+)", inp["task"])
     if not m or m.group(1) != m.group(2):
         raise InputError(f"{inp['run']}: task {inp['task']!r}; this reads cipher runs with one prompt length "
@@ -114,17 +116,13 @@ def analyse(inp: dict, heldout: list[float], fell: bool | None = None) -> dict:
                 exact_rows=exact / rows if rows else None, stuck=stuck, stuck_prompts=[prompts[s] for s in stuck],
                 cap=eval_cap(inp["task"], inp["eval_prompts"], stuck), cap_expected=cap(len(stuck), int(m.group(1))),
                 other_errors=sum(wrong[s] for s in wrong if s not in stuck),
-                best_heldout=max(heldout) if heldout else None, last_heldout=heldout[-1] if heldout else None)
-
-
-def heldout_of(rows: list[dict]) -> list[float]:
-    return [r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None]
+                best_heldout=best, last_heldout=last)
 
 
 def read_run(run: str, last: int) -> dict:
     with open(os.path.join(run, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return analyse(extract(run, last), heldout_of(rows))
+        acc = [a for line in f if line.strip() and (a := json.loads(line).get("eval/accuracy")) is not None]
+    return analyse(extract(run, last), max(acc) if acc else None, acc[-1] if acc else None)
 
 
 def input_path(grid: str, run: str) -> str:
@@ -153,13 +151,13 @@ def save_inputs(grid: str, last: int) -> list[str]:
 
 
 def read_grid(grid: str) -> list[dict]:
-    """The table's rows from GRID/dumps and the runs' records in GRID/records."""
+    """The table's rows from GRID/dumps and GRID/grid.json."""
     folder = os.path.join(grid, "dumps")
     names = sorted(f[:-len(".json.gz")] for f in (os.listdir(folder) if os.path.isdir(folder) else [])
                    if f.endswith(".json.gz"))
     if not names:
         raise InputError(f"{folder}: no inputs; make them with --save-inputs {grid} where the run folders are")
-    res, fell = [], grid_falls(grid)
+    res, runs = [], grid_runs(grid)
     for name in names:
         try:
             with gzip.open(input_path(grid, name), "rt") as f:
@@ -167,20 +165,20 @@ def read_grid(grid: str) -> list[dict]:
         except (OSError, EOFError, ValueError) as e:
             raise InputError(f"{input_path(grid, name)}: not a readable input ({e}); remake it with "
                              f"--save-inputs") from None
-        record = os.path.join(grid, "records", name + ".jsonl.gz")
-        res.append(analyse(inp, heldout_of(read_record(record)[1]) if os.path.exists(record) else [],
-                           fell.get(name)))
+        r = runs.get(name)
+        res.append(analyse(inp, *((r["best_heldout"], r["final_heldout"], r["collapse_step"] is not None) if r
+                                  else (None, None, None))))
     return res
 
 
-def grid_falls(grid: str) -> dict:
-    """Run folder name -> whether it collapsed (primary rule), from GRID/grid.json ({} without one)."""
+def grid_runs(grid: str) -> dict:
+    """Run folder name -> its entry in GRID/grid.json (collapse step, best and final held-out...); {} without one."""
     path = os.path.join(grid, "grid.json")
     if not os.path.exists(path):
         return {}
     with open(path) as f:
         g = json.load(f)
-    return {os.path.basename(cell_run(c, int(s), g["lr"], "")[0].rstrip(os.sep)): r["collapse_step"] is not None
+    return {os.path.basename(cell_run(c, int(s), g["lr"], "")[0]): r
             for c, d in g["cells"].items() if not d.get("alias_of") for s, r in d["runs"].items()}
 
 
@@ -225,7 +223,7 @@ def summary(res: list[dict]) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="*", help="cipher run folders")
-    p.add_argument("--grid", default=None, help="the table of a grid's runs from GRID/dumps and GRID/records")
+    p.add_argument("--grid", default=None, help="the table of a grid's runs from GRID/dumps and GRID/grid.json")
     p.add_argument("--save-inputs", default=None, metavar="GRID",
                    help="write GRID/dumps/RUN.json.gz for the finished runs in GRID/runs that have none")
     p.add_argument("--last", type=int, default=8, help="read the last N sample dumps of each run")

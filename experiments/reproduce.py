@@ -191,7 +191,7 @@ REGISTRY = (
           ("python -m experiments.plateaus --save-inputs results/staleness",
            "python -m experiments.plateaus --grid results/staleness --out {out}"), wall_s=10,
           check_commands=("python -m experiments.plateaus --grid results/staleness --out {out}",), check_wall_s=5,
-          quick=True, checks=(Check("plateaus.json", default="a function of the committed dump tokens and records"),),
+          quick=True, checks=(Check("plateaus.json", default="a function of the committed dump tokens and grid.json"),),
           note="exploratory: the symbols each grid run has got stuck on in its last sample dumps, and the cap they "
                "put on exact answers; --save-inputs keeps the tokens of those dumps (dumps/) from the run folders, "
                "which are not committed"),

@@ -198,16 +198,18 @@ LEARN_TEXT = ("hypothesis from seeds 0-2, written before any run of seeds 3-7 in
 
 def learning(cells: dict) -> dict:
     """LEARN_TEXT on the grid's cells: the test on LEARN_SEEDS, and the descriptive comparisons beside it."""
+    def runs(c: str) -> dict:
+        return {int(s): r for s, r in cells.get(c, {}).get("runs", {}).items()}  # grid.json's seed keys are str
+
     def best(c: str, seeds=None) -> list[float]:
-        runs = cells.get(c, {}).get("runs", {})
-        return [r["best_heldout"] for s, r in sorted(runs.items(), key=lambda kv: int(kv[0]))
-                if r["best_heldout"] is not None and (seeds is None or int(s) in seeds)]
+        return [r["best_heldout"] for s, r in sorted(runs(c).items())
+                if r["best_heldout"] is not None and (seeds is None or s in seeds)]
 
     def compare(a: str, b: str, seeds=None) -> dict:
         xa, xb = best(a, seeds), best(b, seeds)
         return dict(a=a, b=b, a_best=xa, b_best=xb, effect=_mean(xa) - _mean(xb) if xa and xb else None,
                     p=permutation_test(xa, xb))
-    a, b = ({int(s): r for s, r in cells.get(c, {}).get("runs", {}).items()} for c in LEARN_TEST)  # json: str keys
+    a, b = (runs(c) for c in LEARN_TEST)
     finished = [s for s in LEARN_SEEDS if s in a and s in b]
     kept = [s for s in finished if max(a[s]["best_heldout"] or 0, b[s]["best_heldout"] or 0) > LEARN_FLOOR]
     test = dict(compare(*LEARN_TEST, kept), seeds=kept, left_out=[s for s in finished if s not in kept])
