@@ -3,6 +3,7 @@
   python -m experiments.staleness --pilot      # first: fp32/none/n4 and fp8-router/none/n4, 4 seeds, PILOT_LRS
   python -m experiments.staleness              # the grid at LR (set below from the pilot), resumable, --jobs 2
   python -m experiments.staleness --report     # tables and figure from the runs finished so far (marked partial)
+  python -m experiments.staleness --controls   # after the grid: the dense-twin and PPO-clipping controls at its N
 
 Two factors enter every PPO ratio at mini-step k of a batch the engine μ sampled: π_θk/π_old (staleness: the policy,
 and its routing, moved during the batch's earlier mini-steps) times π_old/μ (precision: same weights, other
@@ -42,10 +43,14 @@ The grid writes OUT/grid.{json,md,png}: `cells` keyed ENGINE/ARM/nN, each with `
 collapse_step, why, max_drawdown, best_heldout, final_heldout, max_grad_norm, mean_kl, ...), and `tests`.
 Runs live in OUT/runs, the pilot's too: a pilot run at the chosen lr is the grid's run of that cell and seed (same
 flags, same folder), so the grid reuses it. Finished runs whose flags match are reused, partial ones resumed.
+The follow-up controls (CONTROL_ARMS, --controls; not part of the grid's 120 runs) change one setting of
+fp8-router/none/nN at the N the complete grid picks (CONTROL_N_TEXT): `dense` (the dense twin: no router, so no
+routing to go stale) and `clip` (PPO's clip range back on); CONTROL_TEXT reads them. Writes OUT/controls.{json,md,png}.
 Each finished run leaves a record in OUT/records (experiments/sweep.py), committed with the tables, which are made
 from the records alone: a fresh clone resumes the grid and `--report` remakes the tables without the run folders.
 """
 import argparse
+import json
 import math
 import os
 import statistics
@@ -232,6 +237,54 @@ def learning_table(m: dict) -> str:
     return "\n".join(lines)
 
 
+# The two follow-up controls of docs/staleness.md ("What the grid cannot tell apart"), fixed at 46 of 120 runs
+# (2026-12-03), before any run of them. Each is fp8-router/none/nN with one setting changed, at the N where the
+# complete grid's no-replay cell fell most; neither is part of the grid's 120 runs.
+CONTROL_ARMS = {"dense": (("--dense", None),),                                # the dense twin: no router, no routes
+                "clip": (("--clip-low", "0.2"), ("--clip-high", "0.28"))}    # PPO's clip range back on
+CONTROL_ENGINE = "fp8-router"
+CONTROL_N_TEXT = ("the controls run at the mini-step count N in {4, 8} at which fp8-router/none had the most "
+                  "sustained collapses in the complete grid (ties: N = 4, the cheaper), under the fp8-router engine, "
+                  "seeds 0-7, every other flag the grid's")
+CONTROL_TEXT = ("two tests at that N, Fisher's exact on sustained collapse counts, Holm over the 2, each with the "
+                "arm predicted to collapse more first: routing, fp8-router/none/nN against fp8-router/dense/nN (the "
+                "dense twin, --dense: the fp8 weights stay, the router goes, so no route can go stale or differ "
+                "between engines); trust region, fp8-router/none/nN against fp8-router/clip/nN (--clip-low 0.2 "
+                "--clip-high 0.28: a stale ratio can push only so far). A mechanism is supported when its test has "
+                "Holm p < 0.05 with no replay collapsing more; the same the other way round is reported as the "
+                "control collapsing more; both may hold; decided only when all three cells have seeds 0-7. Shown "
+                "beside them, not tested: best held-out per cell (the dense twin is another model from another "
+                "warm-up, so how high it climbs is not the MoE's) and each control against fp8-router/r2/nN")
+
+
+def control_n(grid_json: dict) -> int:
+    """CONTROL_N_TEXT on a complete grid.json."""
+    falls = {n: grid_json["cells"][f"{CONTROL_ENGINE}/none/n{n}"]["collapsed"] for n in (4, 8)}
+    return max(falls, key=lambda n: (falls[n], -n))
+
+
+def control_cells(n: int) -> list[str]:
+    """The no-replay and R2 cells of the grid at N (reused from it), then the two controls."""
+    return [f"{CONTROL_ENGINE}/{a}/n{n}" for a in ("none", "r2", *CONTROL_ARMS)]
+
+
+def control_verdict(cells: dict, n: int, seeds) -> dict:
+    """CONTROL_TEXT on the cells at N: each test with its Holm p and reading; `decided` once every cell has `seeds`."""
+    base = f"{CONTROL_ENGINE}/none/n{n}"
+    ts = [t for t in pair_tests(cells, [(base, f"{CONTROL_ENGINE}/{a}/n{n}") for a in CONTROL_ARMS])
+          if t["metric"] == "collapsed"]
+    out = {}
+    for t, q in zip(ts, holm([t["p"] for t in ts])):
+        arm = t["b"].split("/")[1]
+        name = {"dense": "routing", "clip": "trust region"}[arm]
+        reading = ("supported: no replay collapsed more" if q < 0.05 and t["effect"] > 0 else
+                   f"the {arm} control collapsed more" if q < 0.05 and t["effect"] < 0 else "not shown")
+        out[name] = dict(a=t["a"], b=t["b"], counts=t["counts"], p=t["p"], p_holm=q, effect=t["effect"],
+                         reading=reading)
+    decided = all(cells.get(c, {}).get("n") == len(seeds) for c in (base, *control_cells(n)[2:]))
+    return dict(tests=out, decided=decided)
+
+
 def grid_cells() -> list[str]:
     cells = [f"{e}/{a}/n{n}" for n in MINI_STEPS for e, arms in ENGINES.items() for a in arms]
     return cells + ["fp32/none/n1fresh", "fp8-router/none/n1fresh"]
@@ -260,7 +313,10 @@ def cell_run(cell: str, seed: int, lr: float, runs_dir: str, common: str = HEADL
              steps: int = STEPS) -> tuple[str, list[str], int]:
     """(out_dir, train.py flags, steps) of one run of a (non-aliased) cell."""
     e, a, n = cell.split("/")
-    flags = [*with_lr(common, lr).split(), "--replay", a, "--rollout-dtype", e, "--seed", str(seed)]
+    flags = [*with_lr(common, lr).split(), "--replay", "none" if a in CONTROL_ARMS else a, "--rollout-dtype", e,
+             "--seed", str(seed)]
+    for name, value in CONTROL_ARMS.get(a, ()):  # a follow-up control: its no-replay cell, one setting changed
+        flags = set_flag(flags, name, value) if value is not None else flags + [name]
     if n.endswith("fresh"):
         flags = set_flag(flags, "--prompts-per-step", str(int(flag_value(flags, "--prompts-per-step", "16")) // FRESH))
         for name, default in CADENCES.items():
@@ -392,8 +448,13 @@ def summarize(done: dict, cells: list[str]) -> dict:
 
 
 def tests(cells: dict) -> list[dict]:
+    return pair_tests(cells, [(a.format(N=n), b.format(N=n)) for n in MINI_STEPS for a, b in TESTS] + MATCHED)
+
+
+def pair_tests(cells: dict, pairs: list[tuple[str, str]]) -> list[dict]:
+    """Fisher's exact test on sustained collapse counts and the permutation test on max drawdown, a vs b, for each
+    pair whose cells both have runs (an aliased pair, or a pair seen already, is skipped)."""
     res, seen = [], set()
-    pairs = [(a.format(N=n), b.format(N=n)) for n in MINI_STEPS for a, b in TESTS] + MATCHED
     for a, b in pairs:
         if a not in cells or b not in cells or alias(a) == alias(b) or (alias(a), alias(b)) in seen:
             continue
@@ -459,15 +520,21 @@ def tests_table(ts: list[dict]) -> str:
 
 
 def plot(done: dict, cells: dict, title: str, path: str) -> None:
-    """Held-out accuracy against samples seen, median and min-max over seeds, one panel per cell: rows N = 1, 4, 8;
-    in the N = 1 row the r2 panels (aliases) show the n1fresh controls instead."""
+    """The grid's figure: rows N = 1, 4, 8, one column per engine and arm; in the N = 1 row the r2 panels (aliases)
+    show the n1fresh controls instead."""
     cols = [(e, a) for e, arms in ENGINES.items() for a in arms]
-    fig, axes = plt.subplots(len(MINI_STEPS), len(cols), figsize=(4 * len(cols), 3 * len(MINI_STEPS)),
-                             sharex=True, sharey=True, squeeze=False)
-    for i, n in enumerate(MINI_STEPS):
-        for j, (e, a) in enumerate(cols):
-            c = f"{e}/{a}/n{n}"
-            c = f"{e}/none/n1fresh" if alias(c) != c else c
+    layout = [[c if alias(c) == c else f"{e}/none/n1fresh" for e, a in cols for c in [f"{e}/{a}/n{n}"]]
+              for n in MINI_STEPS]
+    plot_panels(done, cells, layout, title, path)
+
+
+def plot_panels(done: dict, cells: dict, layout: list[list[str]], title: str, path: str) -> None:
+    """Held-out accuracy against samples seen, median and min-max over seeds, one panel per cell of `layout` (rows
+    of cell names)."""
+    nrows, ncols = len(layout), max(len(r) for r in layout)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3 * nrows), sharex=True, sharey=True, squeeze=False)
+    for i, row in enumerate(layout):
+        for j, c in enumerate(row):
             ax = axes[i][j]
             series = []
             for _, rows, _, per_step in done.get(c, {}).values():
@@ -481,7 +548,7 @@ def plot(done: dict, cells: dict, title: str, path: str) -> None:
             d = cells.get(c, dict(collapsed=0, n=0))
             ax.set_title(f"{c}: {d['collapsed']}/{d['n']} collapsed", fontsize=9)
             ax.set_ylim(-0.02, 1.02)
-            if i == len(MINI_STEPS) - 1:
+            if i == nrows - 1:
                 ax.set_xlabel("samples seen")
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k"))
             if j == 0:
@@ -587,9 +654,64 @@ def grid(args, t0: float) -> None:
                        learning_rule=LEARN_TEXT, learning=learn), t0=t0, md=md)
 
 
+def controls(args, t0: float) -> None:
+    """The follow-up controls at N (CONTROL_N_TEXT; --control-n for probes), beside the grid's cells at that N."""
+    lr = args.lr if args.lr is not None else LR
+    if args.control_n is not None:
+        n, why = args.control_n, f"N = {args.control_n} given by --control-n (a probe, not the rule's choice)"
+    else:
+        path = os.path.join(args.out, "grid.json")
+        try:
+            with open(path) as f:
+                g = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: {path}: cannot read the grid ({e}); the controls' N comes from the complete "
+                             f"grid: run the grid first, or pass --control-n for a probe")
+        if not g.get("complete"):
+            raise SystemExit(f"error: {path}: the grid is partial; the controls' N comes from the complete grid "
+                             f"(CONTROL_N_TEXT): finish it first, or pass --control-n for a probe")
+        n = control_n(g)
+        falls = ", ".join(f"N = {k}: {g['cells'][f'{CONTROL_ENGINE}/none/n{k}']['collapsed']} of "
+                          f"{g['cells'][f'{CONTROL_ENGINE}/none/n{k}']['n']}" for k in (4, 8))
+        why = f"N = {n} by the rule ({CONTROL_ENGINE}/none sustained collapses in the grid: {falls})"
+    names = control_cells(n)
+    done = sweep(args, names, args.seeds, lr, os.path.join(args.out, "runs"))
+    summ = summarize(done, names)
+    ts = pair_tests(summ, [(names[0], c) for c in names[2:]] + [(names[1], c) for c in names[2:]])
+    v = control_verdict(summ, n, args.seeds)
+    common = with_lr(args.common, lr)
+    status = "" if v["decided"] else (f"**partial**: {sum(d['n'] for d in summ.values())} of "
+                                      f"{len(names) * len(args.seeds)} runs finished")
+    lines = ["| mechanism | predicts more collapses in | than in | collapsed | Fisher p | Holm p | reading |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {k} | {t['a']} | {t['b']} | {t['counts']} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['reading']} |"
+              for k, t in v["tests"].items()]
+    parts = [f"Rule (fixed before any run): {RULE_TEXT}.", f"Which N (fixed at 46 of 120 grid runs, before any "
+             f"control ran): {CONTROL_N_TEXT}. Here: {why}.", f"Every run: `{common}` with its cell's --replay "
+             f"(none for the controls), --rollout-dtype and --mini-steps {n}; dense adds `--dense`, clip sets "
+             f"`--clip-low 0.2 --clip-high 0.28`; seeds {list(args.seeds)}, {args.steps} steps.", status,
+             cell_table(summ, names), "### Every run, by seed\n\n" + outcome_table(summ, names, args.seeds),
+             "### Tests (Fisher's exact on collapse counts, exact permutation on max drawdown)\n\n" + tests_table(ts),
+             f"### What the controls say\n\nRule (fixed at 46 of 120 grid runs): {CONTROL_TEXT}.\n\n" +
+             "\n".join(lines) + "\n\n" +
+             ("Decided." if v["decided"] else "Provisional: not every run has finished.")]
+    md = "\n\n".join(p for p in parts if p)
+    print(md)
+    plot_panels(done, summ, [names], f"{common} --mini-steps {n}; {status or 'complete'}",
+                os.path.join(args.out, "controls.png"))
+    write_results(os.path.join(args.out, "controls.json"),
+                  dict(steps=args.steps, lr=lr, seeds=list(args.seeds), N=n, why_N=why, n_rule=CONTROL_N_TEXT,
+                       rule=RULE_TEXT, control_rule=CONTROL_TEXT, complete=v["decided"], common=common, cells=summ,
+                       tests=ts, verdict=v), t0=t0, md=md)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pilot", action="store_true", help="run (or report) the pilot instead of the grid")
+    p.add_argument("--controls", action="store_true", help="run (or report) the follow-up controls (dense twin, "
+                                                            "PPO clipping) at the N the complete grid picks")
+    p.add_argument("--control-n", type=int, default=None, choices=(4, 8),
+                   help="the controls' N, instead of the complete grid's pick (probes and tests only)")
     p.add_argument("--report", action="store_true", help="launch nothing: tables from the finished runs")
     p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="grid seeds")
     p.add_argument("--pilot-seeds", type=int, nargs="+", default=list(PILOT_SEEDS), help="pilot seeds")
@@ -609,7 +731,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     print(f"rule (pre-registered): {RULE_TEXT}")
     t0 = time.time()
-    (pilot if args.pilot else grid)(args, t0)
+    if args.pilot and args.controls:
+        raise SystemExit("error: --pilot and --controls are two different runs: pass one")
+    (pilot if args.pilot else controls if args.controls else grid)(args, t0)
 
 
 if __name__ == "__main__":

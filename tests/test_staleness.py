@@ -199,6 +199,68 @@ def test_learning_test_reads_only_the_new_seeds_and_leaves_out_seeds_neither_arm
     assert S.learning(cells)["test"]["confirmed"] is None  # not every seed finished: undecided
 
 
+def test_controls_are_one_setting_from_the_no_replay_cell_and_their_n_follows_its_rule():
+    _, base, steps = S.cell_run("fp8-router/none/n4", 0, 3e-4, "R")
+    out, dense, dense_steps = S.cell_run("fp8-router/dense/n4", 0, 3e-4, "R")
+    assert [f for f in dense if f != "--dense"] == base and dense.count("--dense") == 1 and dense_steps == steps
+    assert out == os.path.join("R", "fp8-router-dense-n4-lr0.0003-s0")
+    _, clip, _ = S.cell_run("fp8-router/clip/n4", 0, 3e-4, "R")
+    assert len(clip) == len(base) and {(a, b) for a, b in zip(base, clip) if a != b} == {("1", "0.2"), ("1e6", "0.28")}
+    assert S.flag_value(clip, "--replay", "") == "none" and S.flag_value(clip, "--clip-low", "") == "0.2"
+    assert S.control_cells(8) == ["fp8-router/none/n8", "fp8-router/r2/n8", "fp8-router/dense/n8", "fp8-router/clip/n8"]
+
+    def grid(n4, n8):
+        return dict(cells={"fp8-router/none/n4": dict(collapsed=n4), "fp8-router/none/n8": dict(collapsed=n8)})
+    assert S.control_n(grid(3, 1)) == 4 and S.control_n(grid(1, 3)) == 8 and S.control_n(grid(2, 2)) == 4  # tie: 4
+
+
+def test_control_verdict_follows_its_rule():
+    def cell(k, n=8):
+        return dict(collapsed=k, n=n, runs={str(s): dict(max_drawdown=0.1) for s in range(n)})
+    cells = {"fp8-router/none/n4": cell(6), "fp8-router/r2/n4": cell(1), "fp8-router/dense/n4": cell(0),
+             "fp8-router/clip/n4": cell(5)}
+    v = S.control_verdict(cells, 4, range(8))
+    assert v["decided"] and set(v["tests"]) == {"routing", "trust region"}
+    r, t = v["tests"]["routing"], v["tests"]["trust region"]
+    assert r["p"] == pytest.approx(fisher_exact(6, 8, 0, 8)) and r["p_holm"] == pytest.approx(2 * r["p"])
+    assert r["reading"].startswith("supported") and t["reading"] == "not shown"  # 6 vs 0 passes Holm; 6 vs 5 not
+    cells["fp8-router/dense/n4"], cells["fp8-router/none/n4"] = cell(6), cell(0)  # the control fell, not the MoE
+    assert S.control_verdict(cells, 4, range(8))["tests"]["routing"]["reading"] == "the dense control collapsed more"
+    cells["fp8-router/none/n4"], cells["fp8-router/dense/n4"] = cell(5), cell(0)  # p = 0.026: not after Holm over 2
+    assert S.control_verdict(cells, 4, range(8))["tests"]["routing"]["reading"] == "not shown"
+    cells["fp8-router/clip/n4"] = cell(0, n=7)  # a seed missing: provisional
+    assert not S.control_verdict(cells, 4, range(8))["decided"]
+
+
+def test_controls_refuse_a_partial_or_missing_grid(tmp_path):
+    args = S.parse_args(["--controls", "--seeds", "0", "--steps", "2", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="grid.json: cannot read the grid"):
+        S.controls(args, 0.0)
+    (tmp_path / "grid.json").write_text(json.dumps(dict(complete=False, cells={})))
+    with pytest.raises(SystemExit, match="the grid is partial"):
+        S.controls(args, 0.0)
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(SystemExit):  # only 4 or 8: the grid's N with stale mini-steps
+        S.parse_args(["--controls", "--control-n", "1"])
+
+
+def test_controls_end_to_end(tmp_path):
+    cmd = [sys.executable, "-m", "experiments.staleness", "--controls", "--control-n", "4", "--seeds", "0",
+           "--steps", "2", "--common", TINY, "--lr", "1e-3", "--out", "out"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "### What the controls say" in r.stdout and "given by --control-n" in r.stdout
+    data = json.loads((tmp_path / "out" / "controls.json").read_text())
+    assert data["N"] == 4 and data["control_rule"] == S.CONTROL_TEXT and data["complete"]
+    assert set(data["cells"]) == set(S.control_cells(4)) and all(c["n"] == 1 for c in data["cells"].values())
+    assert {(t["a"], t["b"]) for t in data["tests"]} == {(a, b) for a in S.control_cells(4)[:2]
+                                                         for b in S.control_cells(4)[2:]}
+    assert set(data["verdict"]["tests"]) == {"routing", "trust region"}
+    assert (tmp_path / "out" / "controls.png").stat().st_size > 10_000
+    flags = json.loads((tmp_path / "out" / "runs" / "fp8-router-dense-n4-lr0.001-s0" / "sweep_flags.json").read_text())
+    assert "--dense" in flags and S.flag_value(flags, "--replay", "") == "none"
+
+
 def test_grid_refuses_to_run_before_the_pilot_sets_lr(tmp_path, monkeypatch):
     monkeypatch.setattr(S, "LR", None)
     with pytest.raises(SystemExit, match="LR is not set"):
