@@ -268,21 +268,29 @@ def control_cells(n: int) -> list[str]:
     return [f"{CONTROL_ENGINE}/{a}/n{n}" for a in ("none", "r2", *CONTROL_ARMS)]
 
 
-def control_verdict(cells: dict, n: int, seeds) -> dict:
-    """CONTROL_TEXT on the cells at N: each test with its Holm p and reading; `decided` once every cell has `seeds`."""
+def control_verdict(cells: dict, n: int, seeds, probe: bool = False) -> dict:
+    """CONTROL_TEXT on the cells at N: both tests, each with its Holm p (over the 2 always: a test whose cells have no
+    runs yet reads p = 1) and reading; `decided` once every cell has `seeds`, never for a probe (other seeds, lr,
+    steps, flags or an N not the rule's)."""
     base = f"{CONTROL_ENGINE}/none/n{n}"
-    ts = [t for t in pair_tests(cells, [(base, f"{CONTROL_ENGINE}/{a}/n{n}") for a in CONTROL_ARMS])
-          if t["metric"] == "collapsed"]
+    rows = []
+    none = dict(collapsed=0, n=0)
+    for arm in CONTROL_ARMS:
+        a, b = cells.get(base, none), cells.get(f"{CONTROL_ENGINE}/{arm}/n{n}", none)
+        have = a["n"] and b["n"]
+        rows.append(dict(arm=arm, a=base, b=f"{CONTROL_ENGINE}/{arm}/n{n}",
+                         counts=f"{a['collapsed']}/{a['n']} vs {b['collapsed']}/{b['n']}",
+                         p=fisher_exact(a["collapsed"], a["n"], b["collapsed"], b["n"]) if have else 1.0,
+                         effect=a["collapsed"] / a["n"] - b["collapsed"] / b["n"] if have else None))
     out = {}
-    for t, q in zip(ts, holm([t["p"] for t in ts])):
-        arm = t["b"].split("/")[1]
-        name = {"dense": "routing", "clip": "trust region"}[arm]
-        reading = ("supported: no replay collapsed more" if q < 0.05 and t["effect"] > 0 else
-                   f"the {arm} control collapsed more" if q < 0.05 and t["effect"] < 0 else "not shown")
-        out[name] = dict(a=t["a"], b=t["b"], counts=t["counts"], p=t["p"], p_holm=q, effect=t["effect"],
-                         reading=reading)
-    decided = all(cells.get(c, {}).get("n") == len(seeds) for c in (base, *control_cells(n)[2:]))
-    return dict(tests=out, decided=decided)
+    for r, q in zip(rows, holm([r["p"] for r in rows])):
+        arm = r.pop("arm")
+        reading = ("no runs yet" if r["effect"] is None else
+                   "supported: no replay collapsed more" if q < 0.05 and r["effect"] > 0 else
+                   f"the {arm} control collapsed more" if q < 0.05 and r["effect"] < 0 else "not shown")
+        out[{"dense": "routing", "clip": "trust region"}[arm]] = dict(r, p_holm=q, reading=reading)
+    finished = all(cells.get(c, {}).get("n") == len(seeds) for c in (base, *control_cells(n)[2:]))
+    return dict(tests=out, decided=finished and not probe, probe=probe)
 
 
 def grid_cells() -> list[str]:
@@ -657,6 +665,8 @@ def grid(args, t0: float) -> None:
 def controls(args, t0: float) -> None:
     """The follow-up controls at N (CONTROL_N_TEXT; --control-n for probes), beside the grid's cells at that N."""
     lr = args.lr if args.lr is not None else LR
+    probe = (args.control_n is not None or list(args.seeds) != list(SEEDS) or lr != LR or args.steps != STEPS
+             or args.common != HEADLINE)
     if args.control_n is not None:
         n, why = args.control_n, f"N = {args.control_n} given by --control-n (a probe, not the rule's choice)"
     else:
@@ -667,21 +677,32 @@ def controls(args, t0: float) -> None:
         except (OSError, ValueError) as e:
             raise SystemExit(f"error: {path}: cannot read the grid ({e}); the controls' N comes from the complete "
                              f"grid: run the grid first, or pass --control-n for a probe")
-        if not g.get("complete"):
+        try:
+            complete, grid_run = g["complete"], (g["seeds"], g["lr"], g["steps"])
+            falls = {k: (g["cells"][f"{CONTROL_ENGINE}/none/n{k}"]["collapsed"],
+                         g["cells"][f"{CONTROL_ENGINE}/none/n{k}"]["n"]) for k in (4, 8)}
+        except (KeyError, TypeError, AttributeError) as e:
+            raise SystemExit(f"error: {path}: not a grid.json written by experiments.staleness (no {e})")
+        if not complete:
             raise SystemExit(f"error: {path}: the grid is partial; the controls' N comes from the complete grid "
                              f"(CONTROL_N_TEXT): finish it first, or pass --control-n for a probe")
+        if grid_run != (list(SEEDS), LR, STEPS):
+            raise SystemExit(f"error: {path}: a grid of seeds {grid_run[0]}, lr {grid_run[1]}, {grid_run[2]} steps, "
+                             f"not the pre-registered one (seeds {list(SEEDS)}, lr {LR}, {STEPS} steps): the "
+                             f"controls' N comes from that; pass --control-n for a probe")
         n = control_n(g)
-        falls = ", ".join(f"N = {k}: {g['cells'][f'{CONTROL_ENGINE}/none/n{k}']['collapsed']} of "
-                          f"{g['cells'][f'{CONTROL_ENGINE}/none/n{k}']['n']}" for k in (4, 8))
-        why = f"N = {n} by the rule ({CONTROL_ENGINE}/none sustained collapses in the grid: {falls})"
+        why = f"N = {n} by the rule ({CONTROL_ENGINE}/none sustained collapses in the grid: " + ", ".join(
+            f"N = {k}: {c} of {m}" for k, (c, m) in falls.items()) + ")"
     names = control_cells(n)
     done = sweep(args, names, args.seeds, lr, os.path.join(args.out, "runs"))
     summ = summarize(done, names)
     ts = pair_tests(summ, [(names[0], c) for c in names[2:]] + [(names[1], c) for c in names[2:]])
-    v = control_verdict(summ, n, args.seeds)
+    v = control_verdict(summ, n, args.seeds, probe)
     common = with_lr(args.common, lr)
-    status = "" if v["decided"] else (f"**partial**: {sum(d['n'] for d in summ.values())} of "
-                                      f"{len(names) * len(args.seeds)} runs finished")
+    finished = sum(d["n"] for d in summ.values())
+    status = (f"**a probe**: not the pre-registered controls (--control-n, or other seeds, lr, steps or flags); "
+              f"{finished} of {len(names) * len(args.seeds)} runs finished" if probe else
+              "" if v["decided"] else f"**partial**: {finished} of {len(names) * len(args.seeds)} runs finished")
     lines = ["| mechanism | predicts more collapses in | than in | collapsed | Fisher p | Holm p | reading |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {k} | {t['a']} | {t['b']} | {t['counts']} | {t['p']:.3g} | {t['p_holm']:.3g} | {t['reading']} |"
@@ -694,22 +715,24 @@ def controls(args, t0: float) -> None:
              "### Tests (Fisher's exact on collapse counts, exact permutation on max drawdown)\n\n" + tests_table(ts),
              f"### What the controls say\n\nRule (fixed at 46 of 120 grid runs): {CONTROL_TEXT}.\n\n" +
              "\n".join(lines) + "\n\n" +
-             ("Decided." if v["decided"] else "Provisional: not every run has finished.")]
+             ("Decided." if v["decided"] else "A probe: no reading is a result." if probe else
+              "Provisional: not every run has finished.")]
     md = "\n\n".join(p for p in parts if p)
     print(md)
     plot_panels(done, summ, [names], f"{common} --mini-steps {n}; {status or 'complete'}",
                 os.path.join(args.out, "controls.png"))
     write_results(os.path.join(args.out, "controls.json"),
                   dict(steps=args.steps, lr=lr, seeds=list(args.seeds), N=n, why_N=why, n_rule=CONTROL_N_TEXT,
-                       rule=RULE_TEXT, control_rule=CONTROL_TEXT, complete=v["decided"], common=common, cells=summ,
-                       tests=ts, verdict=v), t0=t0, md=md)
+                       rule=RULE_TEXT, control_rule=CONTROL_TEXT, complete=v["decided"], probe=probe, common=common,
+                       cells=summ, tests=ts, verdict=v), t0=t0, md=md)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pilot", action="store_true", help="run (or report) the pilot instead of the grid")
-    p.add_argument("--controls", action="store_true", help="run (or report) the follow-up controls (dense twin, "
-                                                            "PPO clipping) at the N the complete grid picks")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--pilot", action="store_true", help="run (or report) the pilot instead of the grid")
+    which.add_argument("--controls", action="store_true", help="run (or report) the follow-up controls (dense "
+                                                                "twin, PPO clipping) at the N the complete grid picks")
     p.add_argument("--control-n", type=int, default=None, choices=(4, 8),
                    help="the controls' N, instead of the complete grid's pick (probes and tests only)")
     p.add_argument("--report", action="store_true", help="launch nothing: tables from the finished runs")
@@ -723,7 +746,10 @@ def parse_args(argv=None):
     p.add_argument("--out", default="results/staleness", help="output folder (runs in OUT/runs)")
     p.add_argument("--records", default=None, help="run records folder (default OUT/records; with --report, tables "
                                                    "from records made elsewhere, e.g. the committed ones)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.control_n is not None and not args.controls:
+        p.error("--control-n sets the controls' N: it needs --controls")
+    return args
 
 
 def main(argv=None):
@@ -731,8 +757,6 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     print(f"rule (pre-registered): {RULE_TEXT}")
     t0 = time.time()
-    if args.pilot and args.controls:
-        raise SystemExit("error: --pilot and --controls are two different runs: pass one")
     (pilot if args.pilot else controls if args.controls else grid)(args, t0)
 
 

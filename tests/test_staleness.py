@@ -228,20 +228,34 @@ def test_control_verdict_follows_its_rule():
     assert S.control_verdict(cells, 4, range(8))["tests"]["routing"]["reading"] == "the dense control collapsed more"
     cells["fp8-router/none/n4"], cells["fp8-router/dense/n4"] = cell(5), cell(0)  # p = 0.026: not after Holm over 2
     assert S.control_verdict(cells, 4, range(8))["tests"]["routing"]["reading"] == "not shown"
+    assert not S.control_verdict(cells, 4, range(8), probe=True)["decided"]  # a probe decides nothing
     cells["fp8-router/clip/n4"] = cell(0, n=7)  # a seed missing: provisional
     assert not S.control_verdict(cells, 4, range(8))["decided"]
+    del cells["fp8-router/clip/n4"]  # no runs yet: still Holm over 2, so 5 vs 0 stays unshown
+    v = S.control_verdict(cells, 4, range(8))
+    assert v["tests"]["trust region"]["reading"] == "no runs yet" and v["tests"]["routing"]["reading"] == "not shown"
+    assert v["tests"]["routing"]["p_holm"] == pytest.approx(2 * fisher_exact(5, 8, 0, 8))
 
 
-def test_controls_refuse_a_partial_or_missing_grid(tmp_path):
-    args = S.parse_args(["--controls", "--seeds", "0", "--steps", "2", "--out", str(tmp_path)])
+def test_controls_refuse_a_partial_missing_or_foreign_grid(tmp_path, capsys):
+    args = S.parse_args(["--controls", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="grid.json: cannot read the grid"):
         S.controls(args, 0.0)
-    (tmp_path / "grid.json").write_text(json.dumps(dict(complete=False, cells={})))
-    with pytest.raises(SystemExit, match="the grid is partial"):
-        S.controls(args, 0.0)
+    cells = {f"fp8-router/none/n{k}": dict(collapsed=1, n=8) for k in (4, 8)}
+    grid = dict(complete=False, seeds=list(S.SEEDS), lr=S.LR, steps=S.STEPS, cells=cells)
+    for bad, message in [([], "not a grid.json"), (dict(grid, cells={}), "not a grid.json"),
+                         (grid, "the grid is partial"),
+                         (dict(grid, complete=True, seeds=[0]), "not the pre-registered")]:
+        (tmp_path / "grid.json").write_text(json.dumps(bad))
+        with pytest.raises(SystemExit, match=message):
+            S.controls(args, 0.0)
     assert not (tmp_path / "runs").exists()
-    with pytest.raises(SystemExit):  # only 4 or 8: the grid's N with stale mini-steps
-        S.parse_args(["--controls", "--control-n", "1"])
+    for argv in (["--controls", "--control-n", "1"],  # only 4 or 8: the grid's N with stale mini-steps
+                 ["--pilot", "--controls"], ["--control-n", "4"]):  # one run at a time; an N needs --controls
+        with pytest.raises(SystemExit) as e:
+            S.parse_args(argv)
+        assert e.value.code == 2
+    assert "--control-n sets the controls' N: it needs --controls" in capsys.readouterr().err
 
 
 def test_controls_end_to_end(tmp_path):
@@ -250,8 +264,9 @@ def test_controls_end_to_end(tmp_path):
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=900, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "### What the controls say" in r.stdout and "given by --control-n" in r.stdout
+    assert "**a probe**" in r.stdout and "A probe: no reading is a result." in r.stdout
     data = json.loads((tmp_path / "out" / "controls.json").read_text())
-    assert data["N"] == 4 and data["control_rule"] == S.CONTROL_TEXT and data["complete"]
+    assert data["N"] == 4 and data["control_rule"] == S.CONTROL_TEXT and data["probe"] and not data["complete"]
     assert set(data["cells"]) == set(S.control_cells(4)) and all(c["n"] == 1 for c in data["cells"].values())
     assert {(t["a"], t["b"]) for t in data["tests"]} == {(a, b) for a in S.control_cells(4)[:2]
                                                          for b in S.control_cells(4)[2:]}
