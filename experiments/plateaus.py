@@ -150,8 +150,9 @@ def save_inputs(grid: str, last: int) -> list[str]:
     return written
 
 
-def read_grid(grid: str) -> list[dict]:
-    """The table's rows from GRID/dumps and GRID/grid.json."""
+def read_grid(grid: str) -> tuple[list[dict], list[str]]:
+    """The table's rows from GRID/dumps and GRID/grid.json, and the runs grid.json holds that have no kept input (their
+    run folders went before --save-inputs read them), which the table cannot show."""
     folder = os.path.join(grid, "dumps")
     names = sorted(f[:-len(".json.gz")] for f in (os.listdir(folder) if os.path.isdir(folder) else [])
                    if f.endswith(".json.gz"))
@@ -168,7 +169,7 @@ def read_grid(grid: str) -> list[dict]:
         r = runs.get(name)
         res.append(analyse(inp, *((r["best_heldout"], r["final_heldout"], r["collapse_step"] is not None) if r
                                   else (None, None, None))))
-    return res
+    return res, sorted(set(runs) - set(names))
 
 
 def grid_runs(grid: str) -> dict:
@@ -192,7 +193,7 @@ def table(res: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def summary(res: list[dict]) -> str:
+def summary(res: list[dict], missing: list[str] = ()) -> str:
     """The runs that did not collapse, by their count of stuck symbols: how many, the expected cap, how far their best
     held-out sits from their own cap; the fallen runs apart; and symbols stuck in several runs of one seed."""
     def spread(xs):
@@ -217,6 +218,8 @@ def summary(res: list[dict]) -> str:
     return ("\n".join(lines) + f"\n\nRuns that collapsed (the grid's rule), not in the table above: {len(fallen)}" +
             (" (" + "; ".join(f"{r['run']}: {len(r['stuck'])} stuck" for r in fallen) + ")" if fallen else "") +
             "." + (f" Runs grid.json does not hold, not in the table either: {unknown}." if unknown else "") +
+            (f" Runs grid.json holds whose dumps were not kept (their run folders went before --save-inputs read "
+             f"them), not in the table either: {len(missing)} ({', '.join(missing)})." if missing else "") +
             "\n\nStuck in more than one run of a seed: " + ("; ".join(shared) or "none") + ".")
 
 
@@ -244,15 +247,16 @@ def main(argv=None):
         print(f"{len(written)} inputs written to {os.path.join(args.save_inputs, 'dumps')}" +
               (f": {', '.join(written)}" if written else ""))
         return
-    res = read_grid(args.grid) if args.grid else [read_run(r, args.last) for r in args.runs]
+    res, missing = read_grid(args.grid) if args.grid else ([read_run(r, args.last) for r in args.runs], [])
     md = (f"Exploratory: the symbols each cipher run maps wrong in at least {STUCK:.0%} of their occurrences, in at "
           f"least {MIN_PROMPTS} of the prompts of its last sample dumps, beside its held-out accuracy and the cap "
-          f"they put on it: the share of its held-out prompts holding none of them.\n\n" + summary(res) + "\n\n" +
-          table(res))
+          f"they put on it: the share of its held-out prompts holding none of them.\n\n" + summary(res, missing) +
+          "\n\n" + table(res))
     print(md)
     out = args.out or args.grid
     if out:
-        write_results(os.path.join(out, "plateaus.json"), dict(stuck_share=STUCK, min_prompts=MIN_PROMPTS, runs=res),
+        write_results(os.path.join(out, "plateaus.json"), dict(stuck_share=STUCK, min_prompts=MIN_PROMPTS, runs=res,
+                                                                   without_inputs=missing),
                       t0=t0, md=md)
 
 

@@ -94,8 +94,8 @@ def test_grid_inputs_give_the_run_folders_table(tmp_path):
     P.save_inputs(str(grid), last=8)
     assert (grid / "dumps" / "a-s0.json.gz").read_bytes() == first  # the same run makes the same bytes
     direct = P.read_run(str(grid / "runs" / "a-s0"), last=8)
-    (from_inputs,) = P.read_grid(str(grid))  # no record, no grid.json: no held-out, fall unknown
-    assert from_inputs["fell"] is None
+    (from_inputs,), missing = P.read_grid(str(grid))  # no record, no grid.json: no held-out, fall unknown
+    assert from_inputs["fell"] is None and missing == []
     assert {k: v for k, v in from_inputs.items() if "heldout" not in k} == \
         {k: v for k, v in direct.items() if "heldout" not in k}
     P.main(["--grid", str(grid)])
@@ -105,6 +105,22 @@ def test_grid_inputs_give_the_run_folders_table(tmp_path):
     assert "Runs grid.json does not hold, not in the table either: 1." in md
     assert "Stuck in more than one run of a seed: none." in md
     assert P.save_inputs(str(tmp_path / "clean-clone"), last=8) == []  # no run folders: the kept inputs stand
+
+
+def test_grid_runs_without_kept_inputs_are_named(tmp_path):
+    """A run grid.json holds whose folder went before --save-inputs read it is not silently left out."""
+    grid = tmp_path / "grid"
+    make_run(grid / "runs" / "fp32-none-n4-lr0.0003-s0")
+    P.save_inputs(str(grid), last=8)
+    run = dict(collapse_step=None, best_heldout=0.6, final_heldout=0.5)
+    (grid / "grid.json").write_text(json.dumps(dict(lr=3e-4, cells={"fp32/none/n4": dict(runs={"0": run, "1": run})})))
+    res, missing = P.read_grid(str(grid))
+    assert [r["run"] for r in res] == ["fp32-none-n4-lr0.0003-s0"] and res[0]["fell"] is False
+    assert missing == ["fp32-none-n4-lr0.0003-s1"]
+    P.main(["--grid", str(grid)])
+    assert json.loads((grid / "plateaus.json").read_text())["without_inputs"] == missing
+    assert "whose dumps were not kept (their run folders went before --save-inputs read them), not in the table " \
+           "either: 1 (fp32-none-n4-lr0.0003-s1)." in (grid / "plateaus.md").read_text()
 
 
 def test_refusals(tmp_path):
