@@ -237,6 +237,53 @@ def learning_table(m: dict) -> str:
     return "\n".join(lines)
 
 
+# Exploratory, from seeds 0-4, fixed at 69 of 120 runs (2026-12-04), before any run of seeds 5-7.
+START_SEEDS = (5, 6, 7)
+START_FLOOR = 0.2  # a start below this predicts no climb
+START_CLIMB = 0.5  # climbing: a best held-out above this in some N >= 4 cell
+START_TEXT = ("exploratory, written at 69 of 120 runs before any run of seeds 5-7: a seed's start is the reward of "
+              "its runs' first step (after the seed's warm-up, before any update; the median over its finished "
+              "runs). Seeds 0-4 suggested that a seed starting below 0.2 reaches a best held-out above 0.5 in none "
+              "of its N = 4 and N = 8 cells (seeds 3 and 4 started at 0.10 and 0.14 and had reached at most 0.17), and "
+              "a seed starting at 0.2 or more does in at least one (seeds 0-2 started at 0.26-0.44). Seeds 5-7 test "
+              "it: it holds when each of them does as its start predicts, read once all ten of a seed's N >= 4 "
+              "runs have finished")
+
+
+def start(cells: dict, seeds=SEEDS) -> dict:
+    """START_TEXT on the grid's cells: per seed its start, its best held-out at N >= 4, and whether it fits."""
+    rows = []
+    for seed in seeds:
+        runs = {c: d["runs"][str(seed)] if str(seed) in d["runs"] else d["runs"].get(seed)
+                for c, d in cells.items() if not d.get("alias_of")}
+        runs = {c: r for c, r in runs.items() if r is not None}
+        firsts = [r["first_reward"] for r in runs.values() if r.get("first_reward") is not None]
+        if not firsts:
+            continue
+        high = [c for c in runs if c.split("/")[2] in ("n4", "n8")]
+        best = max((runs[c]["best_heldout"] or 0 for c in high), default=None)
+        first = statistics.median(firsts)
+        complete = len(high) == sum(c.split("/")[2] in ("n4", "n8") for c, d in cells.items()
+                                    if not d.get("alias_of"))
+        fits = None if best is None or not complete else (first < START_FLOOR) == (best <= START_CLIMB)
+        rows.append(dict(seed=seed, start=first, runs=len(firsts), best_n4_n8=best, n4_n8_runs=len(high),
+                         complete=complete, fits=fits, tested=seed in START_SEEDS))
+    tested = [r for r in rows if r["tested"]]
+    decided = len(tested) == len(START_SEEDS) and all(r["complete"] for r in tested)
+    return dict(seeds=rows, holds=all(r["fits"] for r in tested) if decided else None)
+
+
+def start_table(m: dict) -> str:
+    lines = ["| seed | start (first-step reward, median) | runs | predicts | best held-out at N = 4, 8 (runs) | "
+             "fits |", "|---|---|---|---|---|---|"]
+    for r in m["seeds"]:
+        fits = "—" if r["fits"] is None else "yes" if r["fits"] else "**no**"
+        lines.append(f"| {r['seed']}{'' if r['tested'] else ' (gave the idea)'} | {fmt(r['start'])} | {r['runs']} | "
+                     f"{'no climb' if r['start'] < START_FLOOR else 'a climb'} | {fmt(r['best_n4_n8'])} "
+                     f"({r['n4_n8_runs']}) | {fits} |")
+    return "\n".join(lines)
+
+
 # The two follow-up controls of docs/staleness.md ("What the grid cannot tell apart"), fixed at 46 of 120 runs
 # (2026-12-03), before any run of them. Each is fp8-router/none/nN with one setting changed, at the N where the
 # complete grid's no-replay cell fell most; neither is part of the grid's 120 runs.
@@ -419,7 +466,8 @@ def run_summary(commit: str | None, rows: list[dict], k: int = 1, acc: str = "ev
                 mean_staleness_flips=_mean([r.get("staleness/router_flip_rate") for r in rows]),
                 mean_engine_flips=_mean([r.get("router_flip_rate") for r in rows]),
                 max_abs_log_ratio=max((r["grpo/max_abs_log_ratio"] for r in rows if "grpo/max_abs_log_ratio" in r),
-                                      default=None), steps=len(b), commit=commit[:10] if commit else None)
+                                      default=None), steps=len(b), commit=commit[:10] if commit else None,
+                first_reward=rows[0].get("reward") if rows else None)
 
 
 def sweep(args, cells: list[str], seeds, lr: float, runs_dir: str) -> dict:
@@ -652,6 +700,10 @@ def grid(args, t0: float) -> None:
                  f"{learning_table(learn)}\n\nSo far: " +
                  (f"waiting for seeds 3-7 ({len(t['seeds']) + len(t['left_out'])} of 5 finished in both cells)"
                   if t["confirmed"] is None else "confirmed" if t["confirmed"] else "not confirmed") + ".")
+    st = start(summ)
+    parts.append(f"### Does a seed's start say whether it climbs?\n\nRule: {START_TEXT}.\n\n{start_table(st)}\n\n"
+                 "So far: " + ("it holds on seeds 5-7" if st["holds"] else "it does not hold on seeds 5-7"
+                               if st["holds"] is False else "waiting for seeds 5-7") + ".")
     md = "\n\n".join(p for p in parts if p)
     print(md)
     plot(done, summ, f"{common}; {status or 'complete'}", os.path.join(args.out, "grid.png"))
@@ -659,7 +711,7 @@ def grid(args, t0: float) -> None:
                   dict(steps=args.steps, lr=lr, seeds=list(args.seeds), rule=RULE_TEXT, rule_params=RULE,
                        complete=complete, common=common, cells=summ, tests=ts, selection_rule=SELECTION_TEXT,
                        most_separating=pick, mechanism_rule=MECHANISM_TEXT, mechanism=mech,
-                       learning_rule=LEARN_TEXT, learning=learn), t0=t0, md=md)
+                       learning_rule=LEARN_TEXT, learning=learn, start_rule=START_TEXT, start=st), t0=t0, md=md)
 
 
 def controls(args, t0: float) -> None:

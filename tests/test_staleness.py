@@ -2,7 +2,8 @@
 computed values), its pre-registered sustained-collapse rule fires on sustained falls and not on single dips, its
 n1fresh controls keep N = 4's samples and optimizer steps (read in blocks that keep a non-finite step), neighbouring
 cells differ in one flag, and the grid runs end to end at a tiny size (every cell, aliases, tests, figure, a by-seed
-table of how each run ended, the pre-registered pick of the most separating setting), refuses to run without a
+table of how each run ended, the pre-registered pick of the most separating setting; the exploratory prediction
+from a seed's start reads only seeds 5-7, once all their N >= 4 runs have finished), refuses to run without a
 chosen LR, reports a partial grid as partial, and makes the same tables from its committed run records alone (no run
 folders): a record round-trips its run's metrics, is byte- identical when remade, refuses other flags, and a damaged
 one is named in one clear error."""
@@ -197,6 +198,37 @@ def test_learning_test_reads_only_the_new_seeds_and_leaves_out_seeds_neither_arm
     assert S.learning(cells)["test"]["left_out"] == [3]
     del cells["fp8-router/r2/n4"]["runs"]["7"]
     assert S.learning(cells)["test"]["confirmed"] is None  # not every seed finished: undecided
+
+
+def test_start_prediction_reads_seeds_5_to_7_once_their_n4_and_n8_runs_have_finished():
+    cells = {c: dict(runs={}, alias_of=None if S.alias(c) == c else S.alias(c)) for c in S.grid_cells()}
+    start = {5: 0.1, 6: 0.3, 7: 0.25}
+    climb = {5: 0.2, 6: 0.9, 7: 0.6}
+    for c in cells:
+        for s in (5, 6, 7):
+            if not cells[c].get("alias_of"):
+                n = c.split("/")[2]
+                cells[c]["runs"][str(s)] = dict(first_reward=start[s] + (0.01 if n == "n8" else 0.0),
+                                                best_heldout=climb[s] if c == "fp32/none/n8" else 0.0)
+    for c in cells:  # an aliased cell holds its twin's runs, as in grid.json: not counted twice
+        if cells[c]["alias_of"]:
+            cells[c]["runs"] = cells[cells[c]["alias_of"]]["runs"]
+    m = S.start(cells)
+    assert [r["runs"] for r in m["seeds"]] == [15] * 3
+    assert [r["seed"] for r in m["seeds"]] == [5, 6, 7] and all(r["complete"] for r in m["seeds"])
+    assert [r["n4_n8_runs"] for r in m["seeds"]] == [10] * 3  # every N = 4 and N = 8 cell, n1fresh not among them
+    assert m["seeds"][0]["start"] == pytest.approx(0.1) and m["seeds"][0]["best_n4_n8"] == 0.2  # median of 15
+    assert [r["fits"] for r in m["seeds"]] == [True, True, True] and m["holds"] is True
+    cells["fp32/none/n8"]["runs"]["5"]["best_heldout"] = 0.51  # a low start that climbed past 0.5
+    assert S.start(cells)["holds"] is False
+    cells["fp32/none/n8"]["runs"]["5"]["best_heldout"] = S.START_CLIMB  # at 0.5, not past it: no climb
+    assert S.start(cells)["holds"] is True
+    cells["fp32/none/n8"]["runs"]["7"]["best_heldout"] = S.START_CLIMB  # a start of 0.25 that did not climb
+    assert S.start(cells)["holds"] is False
+    del cells["fp8-router/r3/n8"]["runs"]["6"]
+    m = S.start(cells)
+    assert m["seeds"][1]["complete"] is False and m["seeds"][1]["fits"] is None and m["holds"] is None
+    assert "| 6 | 0.3 | 14 | a climb | 0.9 (9) | — |" in S.start_table(m)
 
 
 def test_controls_are_one_setting_from_the_no_replay_cell_and_their_n_follows_its_rule():
