@@ -195,6 +195,13 @@ REGISTRY = (
           note="exploratory: the symbols each grid run has got stuck on in its last sample dumps, and the cap they "
                "put on exact answers; --save-inputs keeps the tokens of those dumps (dumps/) from the run folders, "
                "which are not committed"),
+    Entry("starts", "results", ("starts.json", "starts.md", "starts.png"),
+          ("python -m experiments.starts --out {out}",), wall_s=1100,
+          checks=(Check("starts.json", (("grid*", "skip", "read from the staleness grid's grid.json and plateaus.json "
+                                                          "as they stand; those are checked by their own entries"),)),),
+          note="exploratory: every seed's warm-up checkpoint at 80, 160 and 320 steps scored on the held-out "
+               "prompts (sampled reward, each symbol's probability), beside the grid's start, climb and stuck "
+               "symbols; the wall time was measured beside the staleness grid on 2 shared cores"),
     Entry("heldout_overlap", "results", ("heldout_overlap.json", "heldout_overlap.md"),
           ("python -m experiments.heldout_overlap --out {out}/heldout_overlap.json",), wall_s=300, quick=True,
           check_commands=("python -m experiments.heldout_overlap --score-seeds --out {out}/heldout_overlap.json",),
