@@ -177,10 +177,14 @@ def grid_runs(grid: str) -> dict:
     path = os.path.join(grid, "grid.json")
     if not os.path.exists(path):
         return {}
-    with open(path) as f:
-        g = json.load(f)
-    return {os.path.basename(cell_run(c, int(s), g["lr"], "")[0]): r
-            for c, d in g["cells"].items() if not d.get("alias_of") for s, r in d["runs"].items()}
+    try:
+        with open(path) as f:
+            g = json.load(f)
+        return {os.path.basename(cell_run(c, int(s), g["lr"], "")[0]): r
+                for c, d in g["cells"].items() if not d.get("alias_of") for s, r in d["runs"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise InputError(f"{path}: not a readable experiments.staleness grid.json ({type(e).__name__}: {e})") \
+            from None
 
 
 def table(res: list[dict]) -> str:

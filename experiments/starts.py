@@ -1,6 +1,7 @@
 """Where each seed starts: the headline's supervised warm-up, scored per seed and per warm-up length.
 
-  python -m experiments.starts    # results/starts.{json,md,png}: seeds 0-7 x 80, 160, 320 warm-up steps (~10 min)
+  python -m experiments.starts    # results/starts.{json,md,png}: seeds 0-7 x 80, 160, 320 warm-up steps (18 min
+                                  # on one shared core with the warm-ups to build; a minute with them cached)
 
 Exploratory. The staleness grid's seeds 3 and 4 hardly learned at N >= 4 mini-steps where seeds 0-2 reached the
 top, and their first RL step's reward was lower (grid.json's `start`); the grid's plateaus are runs stuck on one to
@@ -12,9 +13,10 @@ same cache as train.py) on the 128 held-out prompts the grid evaluates on:
   engine, the level the first RL step sees; `sampled_exact`: the share of those samples wholly right (the grid's
   held-out accuracy); `greedy_reward` and `greedy_exact` for the greedy answer;
 - per symbol (the 64 cipher symbols), the teacher-forced probability of its right image, averaged over its
-  occurrences in the held-out answers: `weak` lists the symbols below 0.5.
+  occurrences in the held-out answers (`symbol_p`, `rank`: 1 = the weakest; `mean_symbol_p`; `weak`: those below
+  0.5).
 
-With `--grid` (default results/staleness, read when there) it sets each seed's 80-step row beside the grid's
+With `--grid` (default results/staleness, read when it is there; a folder named with --grid must exist) it sets each seed's 80-step row beside the grid's
 measured start and its best held-out at N = 4 and 8, and the symbols its grid runs got stuck on
 (`plateaus.json`) beside their probability after the warm-up and their rank among the 64 (1 = the weakest). It
 decides nothing: no rule was written before it ran, and it does not touch the grid's."""
@@ -42,6 +44,7 @@ TASK = "cipher:32-32"  # the headline's task and preset (experiments.collapse HE
 PRESET = "toy"
 EVAL_PROMPTS = 128     # the grid's --eval-prompts: the same held-out prompts
 SAMPLES = 8            # the grid's --group-size
+GRID = "results/staleness"
 WEAK = 0.5             # a symbol whose right image has less teacher-forced probability than this is weak
 
 
@@ -86,30 +89,45 @@ def grid_view(grid: str) -> dict:
     out = {}
     path = os.path.join(grid, "grid.json")
     if os.path.exists(path):
-        with open(path) as f:
-            g = json.load(f)
-        for r in g.get("start", {}).get("seeds", []):
-            out.setdefault(int(r["seed"]), {}).update(start=r["start"], best_n4_n8=r["best_n4_n8"],
-                                                      n4_n8_runs=r["n4_n8_runs"])
+        try:  # a grid.json made before the start rule has no "start": nothing to set beside
+            for r in read_json(path).get("start", {}).get("seeds", []):
+                out.setdefault(int(r["seed"]), {}).update(start=r["start"], best_n4_n8=r["best_n4_n8"],
+                                                          n4_n8_runs=r["n4_n8_runs"])
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            raise InputError(f"{path}: not an experiments.staleness grid.json ({type(e).__name__}: {e})") from None
     path = os.path.join(grid, "plateaus.json")
     if os.path.exists(path):
-        with open(path) as f:
-            for r in json.load(f)["runs"]:
+        try:
+            for r in read_json(path)["runs"]:
                 seed = int(r["run"].rsplit("-s", 1)[1])
                 for sym in r["stuck"]:
                     out.setdefault(seed, {}).setdefault("stuck", {}).setdefault(str(sym), []).append(r["run"])
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise InputError(f"{path}: not an experiments.plateaus result ({type(e).__name__}: {e})") from None
     return out
+
+
+def read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: not a results file (a JSON object)")
+    return d
 
 
 def tables(rows: list[dict], view: dict, steps: list[int]) -> str:
     by = {(r["seed"], r["warmup_steps"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
     head = ["| seed |"] + [f" sampled reward after {w} |" for w in steps] + \
-           [f" weak symbols after {w} |" for w in steps]
+           [f" mean p of a symbol's right image after {w} |" for w in steps]
     lines = ["".join(head), "|---" * (1 + 2 * len(steps)) + "|"]
     for s in seeds:
         lines.append(f"| {s} | " + " | ".join(fmt(by[s, w]["sampled_reward"]) if (s, w) in by else "—" for w in steps)
-                     + " | " + " | ".join(str(len(by[s, w]["weak"])) if (s, w) in by else "—" for w in steps) + " |")
+                     + " | " + " | ".join(fmt(by[s, w]["mean_symbol_p"]) if (s, w) in by else "—" for w in steps)
+                     + " |")
     def spread(key):
         return "; ".join(f"{w} steps: {fmt(min(v))}-{fmt(max(v))}" for w in steps
                          if (v := [by[s, w][key] for s in seeds if (s, w) in by]))
@@ -157,7 +175,8 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     p.add_argument("--warmup-steps", type=int, nargs="+", default=[80, 160, 320],
                    help="warm-up lengths to score; the first is the one set beside the grid (the headline's 80)")
-    p.add_argument("--grid", default="results/staleness", help="a staleness grid's folder, read when it exists")
+    p.add_argument("--grid", default=None,
+                   help=f"a staleness grid's folder (default {GRID}, read when it exists)")
     p.add_argument("--cache-dir", default=".cache/warmup", help="the warm-up cache (train.py's default)")
     p.add_argument("--out", default="results")
     args = p.parse_args(argv)
@@ -165,6 +184,8 @@ def parse_args(argv=None):
         p.error("--warmup-steps must be >= 1 (a start from random init is not a warm-up)")
     if min(args.seeds) < 0:
         p.error("--seeds must be >= 0")
+    if args.grid is not None and not os.path.isdir(args.grid):
+        p.error(f"--grid {args.grid}: no such folder")
     return args
 
 
@@ -172,9 +193,10 @@ def main(argv=None):
     args = parse_args(argv)
     t0 = time.time()
     torch.set_num_threads(1)  # the warm-up is built on one thread; score on one too, as the grid's runs do
+    grid = args.grid or GRID
+    view = grid_view(grid) if os.path.isdir(grid) else {}  # read first: a bad file fails before the warm-ups
     jobs = [(s, w) for w in args.warmup_steps for s in args.seeds]
     rows = [score(s, w, args.cache_dir) for s, w in tqdm(jobs, desc="warm-ups", unit="ckpt")]
-    view = grid_view(args.grid) if os.path.isdir(args.grid) else {}
     md = ("Exploratory: each seed's warm-up checkpoint (`--preset toy --task cipher:32-32`), scored on the grid's 128 "
           f"held-out prompts: the mean reward of {SAMPLES} samples per prompt (fp32 engine, temperature 1) and the "
           f"count of weak symbols (teacher-forced probability of the right image below {WEAK}).\n\n" +

@@ -113,7 +113,10 @@ def test_grid_runs_without_kept_inputs_are_named(tmp_path):
     make_run(grid / "runs" / "fp32-none-n4-lr0.0003-s0")
     P.save_inputs(str(grid), last=8)
     run = dict(collapse_step=None, best_heldout=0.6, final_heldout=0.5)
-    (grid / "grid.json").write_text(json.dumps(dict(lr=3e-4, cells={"fp32/none/n4": dict(runs={"0": run, "1": run})})))
+    both = {"0": run, "1": run}  # the aliased cell holds its twin's runs, as in grid.json: named once, under the twin
+    (grid / "grid.json").write_text(json.dumps(dict(lr=3e-4, cells={
+        "fp32/none/n1": dict(runs={}), "fp32/r2/n1": dict(alias_of="fp32/none/n1", runs=both),
+        "fp32/none/n4": dict(runs=both)})))
     res, missing = P.read_grid(str(grid))
     assert [r["run"] for r in res] == ["fp32-none-n4-lr0.0003-s0"] and res[0]["fell"] is False
     assert missing == ["fp32-none-n4-lr0.0003-s1"]
@@ -139,3 +142,8 @@ def test_refusals(tmp_path):
         P.read_grid(str(tmp_path / "grid"))
     with pytest.raises(InputError, match="no inputs"):
         P.read_grid(str(tmp_path / "nothing"))
+    for bad in ("{bad", json.dumps(dict(cells={"fp32/none/n4": dict(runs={"0": {}})})),  # no lr
+                json.dumps(dict(lr=3e-4, cells=[1]))):
+        (tmp_path / "grid" / "grid.json").write_text(bad)
+        with pytest.raises(InputError, match=r"grid\.json: not a readable experiments\.staleness grid\.json"):
+            P.grid_runs(str(tmp_path / "grid"))

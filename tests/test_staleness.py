@@ -225,10 +225,29 @@ def test_start_prediction_reads_seeds_5_to_7_once_their_n4_and_n8_runs_have_fini
     assert S.start(cells)["holds"] is True
     cells["fp32/none/n8"]["runs"]["7"]["best_heldout"] = S.START_CLIMB  # a start of 0.25 that did not climb
     assert S.start(cells)["holds"] is False
+    cells["fp32/none/n8"]["runs"]["7"]["best_heldout"] = 0.6
+    for c in cells:  # seed 2 (int keys, as in memory) goes against the rule: it gave the idea, it is not tested
+        if not cells[c]["alias_of"]:
+            cells[c]["runs"][2] = dict(first_reward=0.1, best_heldout=0.9)
+    m = S.start(cells)
+    assert [r["seed"] for r in m["seeds"]] == [2, 5, 6, 7] and m["seeds"][0]["fits"] is False
+    assert m["seeds"][0]["tested"] is False and m["holds"] is True
+    assert "| 2 (gave the idea) | 0.1 | 15 | no climb | 0.9 (10) | **no** |" in S.start_table(m)
     del cells["fp8-router/r3/n8"]["runs"]["6"]
     m = S.start(cells)
-    assert m["seeds"][1]["complete"] is False and m["seeds"][1]["fits"] is None and m["holds"] is None
+    assert m["seeds"][2]["complete"] is False and m["seeds"][2]["fits"] is None and m["holds"] is None
     assert "| 6 | 0.3 | 14 | a climb | 0.9 (9) | — |" in S.start_table(m)
+    for c in cells:  # a tested seed with no finished run: not in the table, and nothing decided
+        cells[c]["runs"].pop("7", None)
+    m = S.start(cells)
+    assert 7 not in [r["seed"] for r in m["seeds"]] and m["holds"] is None
+
+
+def test_run_summary_takes_the_first_steps_reward_as_the_start():
+    rows = [dict(step=i, reward=0.1 * (i + 1), loss=0.0, grad_norm=1.0, **({"eval/accuracy": 0.2} if i % 2 else {}))
+            for i in range(8)]
+    assert S.run_summary("abc", rows)["first_reward"] == pytest.approx(0.1)
+    assert S.run_summary("abc", rows, k=4)["first_reward"] == pytest.approx(0.1)  # n1fresh: step 0, not its block
 
 
 def test_controls_are_one_setting_from_the_no_replay_cell_and_their_n_follows_its_rule():
@@ -328,12 +347,14 @@ def test_grid_end_to_end(tmp_path):
                                                                                            "(c)")
     assert "### Which mechanism" in r.stdout and "### Does R3 climb less?" in r.stdout
     assert data["learning_rule"] == S.LEARN_TEXT and data["learning"]["test"]["confirmed"] is None  # seed 0 only
+    assert data["start_rule"] == S.START_TEXT and data["start"]["holds"] is None  # seed 0 gave the idea: no test
+    assert [r["seed"] for r in data["start"]["seeds"]] == [0] and "### Does a seed's start say" in r.stdout
     assert data["cells"]["fp32/r2/n1"]["alias_of"] == "fp32/none/n1"
     assert data["cells"]["fp32/r2/n1"]["runs"] == data["cells"]["fp32/none/n1"]["runs"]
     for c in data["cells"].values():
         run = c["runs"]["0"]
         assert {"collapse_step", "why", "max_drawdown", "best_heldout", "final_heldout", "max_grad_norm",
-                "mean_kl"} <= set(run)
+                "mean_kl", "first_reward"} <= set(run)
     fresh = data["cells"]["fp32/none/n1fresh"]["runs"]["0"]
     assert fresh["steps"] == 2  # 8 steps of a quarter of the prompts, read as 2 blocks of 4
     assert {t["metric"] for t in data["tests"]} == {"collapsed", "max_drawdown"}

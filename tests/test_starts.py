@@ -1,13 +1,14 @@
 """What this proves: experiments.starts credits each cipher symbol with the teacher-forced probability of its own
 image (a model sure of one symbol's image and unsure of the rest is read as exactly that), and end to end it scores a
 warm-up checkpoint from train.py's cache, sets it beside a grid's start, climb and stuck symbols (their probability
-and rank among the 64), and refuses a warm-up of no steps."""
+and rank among the 64), names a damaged grid file in one line, and refuses a warm-up of no steps."""
 import json
 
 import pytest
 import torch
 
 from experiments import starts as S
+from r3.errors import InputError
 from r3.tasks import SYMBOL0, VOCAB, Cipher, make_task
 
 
@@ -55,9 +56,11 @@ def test_end_to_end_beside_a_grid(tmp_path):
     (row,) = d["rows"]
     assert row["seed"] == 0 and row["warmup_steps"] == 2 and 0 <= row["sampled_reward"] <= 1
     assert len(row["symbol_p"]) == 64 and sorted(row["rank"].values()) == list(range(1, 65))
-    weakest = min(row["symbol_p"], key=lambda s: (row["symbol_p"][s], int(s)))
-    assert row["rank"][weakest] == 1 and row["weak"] == sorted(
-        (int(s) for s, v in row["symbol_p"].items() if v < S.WEAK), key=lambda s: (row["symbol_p"][str(s)], s))
+    by_rank = sorted(row["symbol_p"], key=lambda s: row["rank"][s])  # rank 1 is the least sure
+    assert all(row["symbol_p"][a] <= row["symbol_p"][b] for a, b in zip(by_rank, by_rank[1:]))
+    assert all((row["symbol_p"][str(s)] < S.WEAK) for s in row["weak"])
+    assert len(row["weak"]) == sum(v < S.WEAK for v in row["symbol_p"].values())
+    assert row["mean_symbol_p"] == pytest.approx(sum(row["symbol_p"].values()) / 64)
     assert d["grid"]["0"]["stuck"] == {"5": ["fp32-none-n4-lr0.0003-s0", "fp32-r2-n4-lr0.0003-s0"],
                                        "9": ["fp32-none-n4-lr0.0003-s0"]}
     md = (out / "starts.md").read_text()
@@ -67,7 +70,23 @@ def test_end_to_end_beside_a_grid(tmp_path):
     assert any(p.suffix == ".safetensors" for p in (tmp_path / "cache").iterdir())  # train.py's cache, reused
 
 
-def test_refuses_a_warmup_of_no_steps():
-    with pytest.raises(SystemExit) as e:
-        S.parse_args(["--warmup-steps", "0"])
-    assert e.value.code == 2
+def test_a_damaged_grid_file_is_one_clear_error(tmp_path):
+    (tmp_path / "grid.json").write_text("{not json")
+    with pytest.raises(InputError, match=r"grid\.json: not readable JSON"):
+        S.grid_view(str(tmp_path))
+    (tmp_path / "grid.json").write_text(json.dumps(dict(start=dict(seeds=[dict(seed=0)]))))
+    with pytest.raises(InputError, match=r"grid\.json: not an experiments\.staleness grid\.json"):
+        S.grid_view(str(tmp_path))
+    (tmp_path / "grid.json").write_text(json.dumps(dict(cells={})))  # before the start rule: nothing beside
+    (tmp_path / "plateaus.json").write_text(json.dumps(dict(runs=[dict(run="no-seed-here")])))
+    with pytest.raises(InputError, match=r"plateaus\.json: not an experiments\.plateaus result"):
+        S.grid_view(str(tmp_path))
+    (tmp_path / "plateaus.json").unlink()
+    assert S.grid_view(str(tmp_path)) == {}
+
+
+def test_refuses_a_warmup_of_no_steps_and_a_grid_folder_that_is_not_there(tmp_path):
+    for bad in (["--warmup-steps", "0"], ["--grid", str(tmp_path / "typo")]):
+        with pytest.raises(SystemExit) as e:
+            S.parse_args(bad)
+        assert e.value.code == 2
