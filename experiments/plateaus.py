@@ -129,25 +129,43 @@ def input_path(grid: str, run: str) -> str:
     return os.path.join(grid, "dumps", run + ".json.gz")
 
 
+def save_input(grid: str, run: str, last: int = 8) -> bool:
+    """GRID/dumps/RUN.json.gz for one finished run folder, unless it is there (gzip without a time stamp). Returns
+    whether it wrote one."""
+    d = os.path.basename(os.path.normpath(run))
+    if not os.path.exists(os.path.join(run, "done.json")) or os.path.exists(input_path(grid, d)):
+        return False
+    text = json.dumps(extract(run, last)).encode()
+    os.makedirs(os.path.dirname(input_path(grid, d)), exist_ok=True)
+
+    def write(tmp):
+        with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as g:
+            g.write(text)
+    atomic_write(input_path(grid, d), write)
+    return True
+
+
+def keep_input(grid: str, run: str) -> bool:
+    """experiments.staleness calls this as each grid run finishes, so a run's dumps are kept before its folder can
+    go (23 runs' were lost with a checkout): a cipher run's input is written; another task's run has none to keep;
+    a cipher run whose input cannot be made is named in a note, and the grid goes on."""
+    try:
+        with open(os.path.join(run, "args.json")) as f:
+            if not str(json.load(f).get("task", "")).startswith("cipher"):
+                return False
+        return save_input(grid, run)
+    except (OSError, ValueError, InputError) as e:
+        print(f"note: {run}: plateau input not kept ({e}); make it with --save-inputs {grid}")
+        return False
+
+
 def save_inputs(grid: str, last: int) -> list[str]:
-    """GRID/dumps/RUN.json.gz for every finished run in GRID/runs that has none yet (gzip without a time stamp)."""
-    root, written = os.path.join(grid, "runs"), []
+    """GRID/dumps/RUN.json.gz for every finished run in GRID/runs that has none yet."""
+    root = os.path.join(grid, "runs")
     if not os.path.isdir(root):  # a clean clone: the committed inputs are all there is
         print(f"note: {root} does not exist here; the kept inputs in {os.path.join(grid, 'dumps')} stand as they are")
-        return written
-    for d in sorted(os.listdir(root)):
-        run = os.path.join(root, d)
-        if not os.path.exists(os.path.join(run, "done.json")) or os.path.exists(input_path(grid, d)):
-            continue
-        text = json.dumps(extract(run, last)).encode()
-        os.makedirs(os.path.dirname(input_path(grid, d)), exist_ok=True)
-
-        def write(tmp):
-            with open(tmp, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as g:
-                g.write(text)
-        atomic_write(input_path(grid, d), write)
-        written.append(d)
-    return written
+        return []
+    return [d for d in sorted(os.listdir(root)) if save_input(grid, os.path.join(root, d), last)]
 
 
 def read_grid(grid: str) -> tuple[list[dict], list[str]]:

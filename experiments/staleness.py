@@ -478,8 +478,10 @@ def sweep(args, cells: list[str], seeds, lr: float, runs_dir: str) -> dict:
     plan = [(c, s, *cell_run(c, s, lr, runs_dir, args.common, args.steps)) for s in seeds for c in cells
             if alias(c) == c]
     if not args.report:
+        from experiments.plateaus import keep_input  # plateaus imports this module: imported here, not at the top
+        grid = os.path.dirname(runs_dir)
         run_all([(out, flags, steps) for _, _, out, flags, steps in plan], jobs=args.jobs,
-                log_dir=os.path.join(runs_dir, "logs"), records=records)
+                log_dir=os.path.join(runs_dir, "logs"), records=records, on_finish=lambda out: keep_input(grid, out))
     done = {}
     for c, s, out, flags, steps in plan:
         if (rec := finished(out, flags, steps, records)) is not None:

@@ -16,10 +16,10 @@ same cache as train.py) on the 128 held-out prompts the grid evaluates on:
   occurrences in the held-out answers (`symbol_p`, `rank`: 1 = the weakest; `mean_symbol_p`; `weak`: those below
   0.5).
 
-With `--grid` (default results/staleness, read when it is there; a folder named with --grid must exist) it sets each seed's 80-step row beside the grid's
-measured start and its best held-out at N = 4 and 8, and the symbols its grid runs got stuck on
-(`plateaus.json`) beside their probability after the warm-up and their rank among the 64 (1 = the weakest). It
-decides nothing: no rule was written before it ran, and it does not touch the grid's."""
+With `--grid` (default results/staleness, read when it is there; a folder named with --grid must exist) it sets each
+seed's 80-step row beside the grid's measured start and its best held-out at N = 4 and 8, and the symbols its grid
+runs got stuck on (`plateaus.json`) beside their probability after the warm-up and their rank among the 64 (1 = the
+weakest). It decides nothing: no rule was written before it ran, and it does not touch the grid's."""
 import argparse
 import json
 import os

@@ -142,10 +142,11 @@ def finished(out: str, args: list[str], steps: int, records: str) -> tuple[dict,
 
 
 def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_dir: str,
-            records: str | None = None) -> None:
+            records: str | None = None, on_finish=None) -> None:
     """runs: (out_dir, train.py args without --out) pairs, run for `steps`, or (out_dir, args, steps) triples.
     Runs up to `jobs` at once; a failed run raises. With `records` (a folder), a run whose record is finished
-    is skipped, and every run that finishes leaves its record there."""
+    is skipped, and every run that finishes leaves its record there; `on_finish(out_dir)` is called after it, for
+    whatever else must be kept from the run folder before it can be lost."""
     os.makedirs(log_dir, exist_ok=True)
     runs = [(r[0], r[1], r[2] if len(r) > 2 else steps) for r in runs]
     total = len(runs)
@@ -191,6 +192,8 @@ def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_d
                     raise RuntimeError(f"run {out} failed (exit {p.returncode}); see {log.name}")
                 if records is not None:
                     write_record(out, records)
+                if on_finish is not None:
+                    on_finish(out)
     bar.close()
 
 

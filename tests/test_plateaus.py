@@ -1,7 +1,8 @@
 """What this proves: experiments.plateaus finds the symbols a cipher run maps wrong on (nearly) every occurrence, in
 at least two of its dumps' prompts, and only those; a right answer (a real Cipher example) counts as exact; the cap
 is the share of the run's held-out prompts free of the stuck symbols; the inputs it keeps for a grid give the same
-table as the run folders, byte for byte on a rerun; bad input is refused with a line naming the file."""
+table as the run folders, byte for byte on a rerun, and the grid keeps a cipher run's input as the run finishes; bad
+input is refused with a line naming the file."""
 import gzip
 import json
 import os
@@ -105,6 +106,22 @@ def test_grid_inputs_give_the_run_folders_table(tmp_path):
     assert "Runs grid.json does not hold, not in the table either: 1." in md
     assert "Stuck in more than one run of a seed: none." in md
     assert P.save_inputs(str(tmp_path / "clean-clone"), last=8) == []  # no run folders: the kept inputs stand
+
+
+def test_the_grid_keeps_a_cipher_runs_input_as_it_finishes(tmp_path, capsys):
+    grid = tmp_path / "grid"
+    make_run(grid / "runs" / "c-s0")
+    assert P.keep_input(str(grid), str(grid / "runs" / "c-s0")) is True
+    assert P.read_grid(str(grid))[0][0]["stuck"] == [7]
+    assert P.keep_input(str(grid), str(grid / "runs" / "c-s0")) is False  # kept once, not rewritten
+    make_run(grid / "runs" / "sort-s0", task="sort:6-10")  # another task: nothing to keep, nothing said
+    assert P.keep_input(str(grid), str(grid / "runs" / "sort-s0")) is False and capsys.readouterr().out == ""
+    os.makedirs(grid / "runs" / "bare-s0")  # a cipher run without dumps: a note, and the grid goes on
+    (grid / "runs" / "bare-s0" / "args.json").write_text(json.dumps(dict(task=TASK, eval_prompts=16)))
+    (grid / "runs" / "bare-s0" / "done.json").write_text("{}")
+    assert P.keep_input(str(grid), str(grid / "runs" / "bare-s0")) is False
+    assert "bare-s0: plateau input not kept (" in capsys.readouterr().out
+    assert sorted(os.listdir(grid / "dumps")) == ["c-s0.json.gz"]
 
 
 def test_grid_runs_without_kept_inputs_are_named(tmp_path):
