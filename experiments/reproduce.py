@@ -32,6 +32,7 @@ import tempfile
 import time
 
 from r3.errors import run_main
+from r3.provenance import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -382,7 +383,23 @@ def check(entry: Entry, *, root: str = ROOT) -> list[str]:
         print(f"[{entry.name}] {n} numbers compared, {'all match' if not bad else f'{len(bad)} MISMATCHES'} in "
               f"{time.time() - t0:.0f} s "
               f"(expected {expected:.0f} s)", flush=True)
+        if bad and (hint := cpu_hint(entry, root)):
+            print(f"[{entry.name}] {hint}", flush=True)
         return bad
+
+
+def cpu_hint(entry: Entry, root: str = ROOT) -> str | None:
+    """When a checked file was made on another kind of CPU than this one (or one its provenance does not name), say
+    so: kernels differ between CPU generations, so a mismatch there may be the machine's, not the code's."""
+    here = cpu_name()
+    for c in entry.checks:
+        with open(os.path.join(root, entry.out, c.file)) as f:
+            made = json.load(f).get("provenance", {}).get("cpu")
+        if made != here:
+            return (f"note: {c.file} was made on {made or 'a CPU its provenance does not name (before 2026-12-04)'}, "
+                    f"checked here on {here}: numbers from a model are bit-reproducible on the kind of CPU they were "
+                    f"made on; check there, or remake with --only {entry.name} and say so in the commit")
+    return None
 
 
 def describe(entry: Entry) -> str:

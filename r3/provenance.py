@@ -77,10 +77,29 @@ def provenance(argv: list[str] | None = None, t0: float | None = None, *, repo: 
     return dict(**state, **extra, torch=torch.__version__, cuda=torch.version.cuda, gpu=gpu,
                 python=platform.python_version(), threads=torch.get_num_threads(),
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"), platform=platform.platform(),
-                machine=platform.machine(), cpu_count=os.cpu_count(),
+                machine=platform.machine(), cpu=cpu_name(), cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                cpu_count=os.cpu_count(),
                 started=None if t0 is None else _iso(t0), finished=_iso(now),
                 wall_s=None if t0 is None else round(now - t0, 3),
                 argv=argv, command=shlex.join([os.path.basename(sys.executable), *argv]), cwd=os.getcwd())
+
+
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16")  # the ones CPU kernels dispatch on
+
+
+def cpu_name() -> str:
+    """The CPU's model name and its vector extensions (`ISA_FLAGS`): kernels differ between CPU generations, and a
+    warm-up amplifies a last-bit difference into other weights, so a result is bit-reproducible on the kind of CPU it
+    was made on, not on every x86 machine (seen 2026-12-04: files made on one host did not reproduce on an AMX one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = text.splitlines()
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
+    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+    return f"{name} [{' '.join(f for f in ISA_FLAGS if f in flags)}]"
 
 
 def _iso(t: float) -> str:

@@ -25,6 +25,7 @@ def test_fields(tmp_path):
     p = provenance(["train.py", "--r3", "--out", "a b"], t0=0.0)
     assert set(FIELDS) <= set(p)
     assert p["torch"] == torch.__version__ and p["threads"] == torch.get_num_threads() and p["wall_s"] > 0
+    assert p["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and p["cpu"]
     assert p["command"].endswith("train.py --r3 --out 'a b'") and p["argv"][1] == "--r3"
     if p["commit"] is not None:  # this checkout
         assert re.fullmatch(r"[0-9a-f]{40}", p["commit"]) and isinstance(p["dirty"], bool)

@@ -127,3 +127,18 @@ def test_check_command_exits_non_zero_on_a_mismatch(tmp_path, monkeypatch, capsy
 def test_the_docs_list_the_registry():
     text = open(os.path.join(ROOT, "docs", "reproduce.md")).read()
     assert rp.listing() in text
+
+
+def test_a_mismatch_names_the_cpu_a_file_was_made_on_when_it_is_not_this_one(tmp_path):
+    from r3.provenance import cpu_name
+    e = BY_NAME["storage"]
+    path = tmp_path / e.out / e.checks[0].file
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(dict(provenance=dict(cpu=cpu_name()))))
+    assert rp.cpu_hint(e, root=str(tmp_path)) is None  # made here: a mismatch is the code's
+    path.write_text(json.dumps(dict(provenance=dict(cpu="Another CPU [avx2]"))))
+    hint = rp.cpu_hint(e, root=str(tmp_path))
+    assert "storage.json was made on Another CPU [avx2], checked here on " + cpu_name() in hint
+    assert "--only storage" in hint
+    path.write_text(json.dumps(dict(provenance={})))  # made before provenance named the CPU
+    assert "a CPU its provenance does not name" in rp.cpu_hint(e, root=str(tmp_path))
