@@ -393,8 +393,13 @@ def cpu_hint(entry: Entry, root: str = ROOT) -> str | None:
     so: kernels differ between CPU generations, so a mismatch there may be the machine's, not the code's."""
     here = cpu_name()
     for c in entry.checks:
-        with open(os.path.join(root, entry.out, c.file)) as f:
-            made = json.load(f).get("provenance", {}).get("cpu")
+        try:
+            with open(os.path.join(root, entry.out, c.file)) as f:
+                d = json.load(f)
+        except (OSError, ValueError):
+            continue  # check() has named what is wrong with the file itself
+        prov = d.get("provenance") if isinstance(d, dict) else None
+        made = prov.get("cpu") if isinstance(prov, dict) else None
         if made != here:
             return (f"note: {c.file} was made on {made or 'a CPU its provenance does not name (before 2026-12-04)'}, "
                     f"checked here on {here}: numbers from a model are bit-reproducible on the kind of CPU they were "

@@ -97,8 +97,9 @@ def cpu_name() -> str:
     except OSError:
         return platform.processor() or platform.machine()
     lines = text.splitlines()
-    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
-    flags = set(next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), []))
+    name = next((ln.partition(":")[2].strip() for ln in lines if ln.startswith("model name")), "")
+    flags = set(next((ln.partition(":")[2].split() for ln in lines if ln.startswith("flags")), []))
+    name = name or platform.processor() or platform.machine()
     return f"{name} [{' '.join(f for f in ISA_FLAGS if f in flags)}]"
 
 

@@ -142,3 +142,7 @@ def test_a_mismatch_names_the_cpu_a_file_was_made_on_when_it_is_not_this_one(tmp
     assert "--only storage" in hint
     path.write_text(json.dumps(dict(provenance={})))  # made before provenance named the CPU
     assert "a CPU its provenance does not name" in rp.cpu_hint(e, root=str(tmp_path))
+    path.write_text(json.dumps(dict(provenance=None)))  # an odd file: a hint, not a crash
+    assert "a CPU its provenance does not name" in rp.cpu_hint(e, root=str(tmp_path))
+    path.write_text(json.dumps([1, 2]))
+    assert "a CPU its provenance does not name" in rp.cpu_hint(e, root=str(tmp_path))
