@@ -37,6 +37,7 @@ from experiments.common import fmt, write_results  # noqa: E402
 from r3.engine import Engine  # noqa: E402
 from r3.errors import InputError, run_main  # noqa: E402
 from r3.evaluate import evaluate, heldout_examples  # noqa: E402
+from r3.io import read_json_object  # noqa: E402
 from r3.tasks import EOS, PAD, SYMBOL0, make_task  # noqa: E402
 from r3.warmup import preset_config, warmed_up_model  # noqa: E402
 
@@ -64,14 +65,11 @@ def per_symbol(model, examples) -> dict[int, float]:
     return {s: float(sums[s] / counts[s]) for s in range(64) if counts[s] > 0}
 
 
-def score(seed: int, steps: int, cache_dir: str) -> dict:
-    task = make_task(TASK)
+def score(seed: int, steps: int, cache_dir: str, task, examples: list) -> dict:
+    """One warm-up checkpoint (seed, steps) scored on `examples`, the task's held-out prompts."""
     model, _ = warmed_up_model(preset_config(PRESET, task), task, TASK, steps=steps, seed=seed, cache_dir=cache_dir,
                                progress=False)
     model = model.float().eval()
-    examples = heldout_examples(task, EVAL_PROMPTS)
-    if len({len(e.prompt) for e in examples}) != 1:
-        raise InputError(f"{TASK}: held-out prompts of more than one length; per_symbol needs one")
     m = evaluate(Engine(model, "fp32"), task, examples, max_new_tokens=task.max_new_tokens, eos_ids=(EOS,),
                  pad_id=PAD, samples=SAMPLES)
     probs = per_symbol(model, examples)
@@ -89,33 +87,24 @@ def grid_view(grid: str) -> dict:
     out = {}
     path = os.path.join(grid, "grid.json")
     if os.path.exists(path):
+        g = read_json_object(path)
         try:  # a grid.json made before the start rule has no "start": nothing to set beside
-            for r in read_json(path).get("start", {}).get("seeds", []):
+            for r in g.get("start", {}).get("seeds", []):
                 out.setdefault(int(r["seed"]), {}).update(start=r["start"], best_n4_n8=r["best_n4_n8"],
                                                           n4_n8_runs=r["n4_n8_runs"])
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             raise InputError(f"{path}: not an experiments.staleness grid.json ({type(e).__name__}: {e})") from None
     path = os.path.join(grid, "plateaus.json")
     if os.path.exists(path):
+        runs = read_json_object(path).get("runs")
         try:
-            for r in read_json(path)["runs"]:
+            for r in runs:
                 seed = int(r["run"].rsplit("-s", 1)[1])
                 for sym in r["stuck"]:
                     out.setdefault(seed, {}).setdefault("stuck", {}).setdefault(str(sym), []).append(r["run"])
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise InputError(f"{path}: not an experiments.plateaus result ({type(e).__name__}: {e})") from None
     return out
-
-
-def read_json(path: str) -> dict:
-    try:
-        with open(path) as f:
-            d = json.load(f)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise InputError(f"{path}: not a results file (a JSON object)")
-    return d
 
 
 def tables(rows: list[dict], view: dict, steps: list[int]) -> str:
@@ -196,7 +185,11 @@ def main(argv=None):
     grid = args.grid or GRID
     view = grid_view(grid) if os.path.isdir(grid) else {}  # read first: a bad file fails before the warm-ups
     jobs = [(s, w) for w in args.warmup_steps for s in args.seeds]
-    rows = [score(s, w, args.cache_dir) for s, w in tqdm(jobs, desc="warm-ups", unit="ckpt")]
+    task = make_task(TASK)
+    examples = heldout_examples(task, EVAL_PROMPTS)  # the same for every checkpoint
+    if len({len(e.prompt) for e in examples}) != 1:
+        raise InputError(f"{TASK}: held-out prompts of more than one length; per_symbol needs one")
+    rows = [score(s, w, args.cache_dir, task, examples) for s, w in tqdm(jobs, desc="warm-ups", unit="ckpt")]
     md = ("Exploratory: each seed's warm-up checkpoint (`--preset toy --task cipher:32-32`), scored on the grid's 128 "
           f"held-out prompts: the mean reward of {SAMPLES} samples per prompt (fp32 engine, temperature 1) and the "
           f"count of weak symbols (teacher-forced probability of the right image below {WEAK}).\n\n" +

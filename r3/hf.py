@@ -28,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from r3.errors import InputError
+from r3.io import read_json_object
 from r3.model import ModelConfig, Transformer
 from r3.validate import check_model_config, check_weight
 
@@ -85,16 +86,7 @@ def hf_items(name: str, t: torch.Tensor):
 
 def read_json(path: str) -> dict:
     """A JSON object from `path`; CheckpointError naming the file (and line / column) when it is not one."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
-    if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(obj).__name__}")
-    return obj
+    return read_json_object(path, CheckpointError)
 
 
 def _get(raw: dict, *names, default=None):

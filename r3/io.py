@@ -15,6 +15,8 @@ import os
 import shutil
 from collections.abc import Callable
 
+from r3.errors import InputError
+
 
 def fsync_path(path: str) -> None:
     """fsync a file, or every file in a folder and the folder itself."""
@@ -79,6 +81,20 @@ def atomic_write_json(path: str, obj, indent: int | None = 1) -> None:
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=indent)
     atomic_write(path, write)
+
+
+def read_json_object(path: str, error: type = InputError) -> dict:
+    """A JSON object from `path`; `error` (an InputError) naming the file, and the line and column, when it is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except UnicodeDecodeError as e:
+        raise error(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from e
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+    if not isinstance(obj, dict):
+        raise error(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 def read_jsonl(path: str) -> list[dict]:

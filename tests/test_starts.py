@@ -72,7 +72,7 @@ def test_end_to_end_beside_a_grid(tmp_path):
 
 def test_a_damaged_grid_file_is_one_clear_error(tmp_path):
     (tmp_path / "grid.json").write_text("{not json")
-    with pytest.raises(InputError, match=r"grid\.json: not readable JSON"):
+    with pytest.raises(InputError, match=r"grid\.json: not valid JSON"):
         S.grid_view(str(tmp_path))
     (tmp_path / "grid.json").write_text(json.dumps(dict(start=dict(seeds=[dict(seed=0)]))))
     with pytest.raises(InputError, match=r"grid\.json: not an experiments\.staleness grid\.json"):
