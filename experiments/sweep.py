@@ -141,6 +141,18 @@ def finished(out: str, args: list[str], steps: int, records: str) -> tuple[dict,
     return None
 
 
+def log_tail(path: str, lines: int = 15) -> str:
+    """The last `lines` lines of a run's log, progress-bar redraws (carriage returns) dropped: what a failed run
+    printed last, so the error says why it failed where only the sweep's own output is kept (a CI log)."""
+    try:
+        with open(path, errors="replace", newline="") as f:  # newline="": keep the \r that text mode would turn into \n
+            text = f.read()
+    except OSError as e:
+        return f"(unreadable: {e})"
+    kept = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.split("\n")]  # splitlines() would split at \r too
+    return "\n".join([ln for ln in kept if ln.strip()][-lines:]) or "(empty)"
+
+
 def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_dir: str,
             records: str | None = None, on_finish=None) -> None:
     """runs: (out_dir, train.py args without --out) pairs, run for `steps`, or (out_dir, args, steps) triples.
@@ -189,7 +201,8 @@ def run_all(runs: list[tuple], *, steps: int | None = None, jobs: int = 2, log_d
                 if p.returncode != 0:
                     for q, _, _ in running:
                         q.kill()
-                    raise RuntimeError(f"run {out} failed (exit {p.returncode}); see {log.name}")
+                    raise RuntimeError(f"run {out} failed (exit {p.returncode}); the end of {log.name}:\n"
+                                       f"{log_tail(log.name)}")
                 if records is not None:
                     write_record(out, records)
                 if on_finish is not None:

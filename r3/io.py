@@ -19,10 +19,17 @@ from r3.errors import InputError
 
 
 def fsync_path(path: str) -> None:
-    """fsync a file, or every file in a folder and the folder itself."""
+    """fsync a file, or every file in a folder and the folder itself: for what this process has just written."""
     if os.path.isdir(path):
         for name in os.listdir(path):
             fsync_path(os.path.join(path, name))
+    fsync_dir(path)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync `path` itself (for a folder: its entries, so a rename in it survives a crash), not what it holds. A
+    parent folder is shared with other writers (a sweep's runs, a warm-up cache): walking it would open their
+    temporary files, which they may rename away in between (seen as a flaky FileNotFoundError)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -47,7 +54,7 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
             os.replace(tmp, path)
     else:
         os.replace(tmp, path)
-    fsync_path(os.path.dirname(os.path.abspath(path)))
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
     _remove(old)  # this write's, or one a killed writer left between its two renames
 
 

@@ -26,7 +26,7 @@ import os
 import shutil
 
 from r3.errors import InputError
-from r3.io import append_jsonl, exchange, fsync_path, write_jsonl
+from r3.io import append_jsonl, exchange, fsync_dir, write_jsonl
 
 LOCK = ".lock"
 
@@ -106,7 +106,7 @@ class RunFolder:
                                      f"the old run is in {gone}") from e
         os.close(self._fd)  # the old lock; the old folder is no longer reachable at OUT
         self._fd = fd
-        fsync_path(os.path.dirname(os.path.abspath(self.path)))
+        fsync_dir(os.path.dirname(os.path.abspath(self.path)))
         shutil.rmtree(gone)
 
     def record_resume(self, step: int, changes: dict) -> None:

@@ -145,3 +145,18 @@ def test_resume_refuses_each_differing_field_unless_allowed(tmp_path):
     run.record_resume(5, allowed)
     assert read_metrics(run.file("resumes.jsonl")) == [dict(step=5, changes={"lr": [3e-4, 1e-4]})]
     run.release()
+
+
+def test_writes_do_not_open_what_other_writers_keep_beside_them(tmp_path):
+    """A sweep's runs share one folder, and their warm-ups one cache: an atomic write (a file, a folder) or a clear()
+    fsyncs its parent's entries, never the siblings, which another writer may rename away in between (a flaky
+    FileNotFoundError in CI, 2026-12-04). A dangling link stands for a sibling that vanished."""
+    os.symlink(tmp_path / "renamed-away", tmp_path / ".tmpXYZ")
+    r3.io.atomic_write_json(str(tmp_path / "a.json"), dict(x=1))
+    r3.io.atomic_write(str(tmp_path / "folder"), lambda tmp: (os.makedirs(tmp), open(os.path.join(tmp, "f"), "w")))
+    assert os.listdir(tmp_path / "folder") == ["f"]
+    run = RunFolder(str(tmp_path / "run"))
+    old_run(str(tmp_path / "run"))
+    run.clear()
+    assert sorted(os.listdir(tmp_path)) == [".tmpXYZ", "a.json", "folder", "run"]
+    run.release()

@@ -414,3 +414,14 @@ def test_run_records(tmp_path):
         commit="def456", segments=[dict(commit="abc123", dirty=False, started="t0", finished=None)])))
     head = W.read_record(W.write_record(str(tmp_path / "runs" / "b-s0"), records))[0]
     assert head["commit"] == "def456" and head["earlier_commits"] == ["abc123"]
+
+
+def test_a_failed_run_raises_with_the_end_of_its_log(tmp_path):
+    """A CI log keeps only the sweep's output, not the run logs: the error must carry why the run failed."""
+    runs = [(str(tmp_path / "bad-s0"), ["--seed", "0", "--no-such-flag"], 3)]
+    with pytest.raises(RuntimeError, match=r"(?s)run .*bad-s0 failed \(exit 2\); the end of .*bad-s0\.log:\n"
+                                           r".*unrecognized arguments: --no-such-flag"):
+        W.run_all(runs, jobs=1, log_dir=str(tmp_path / "logs"))
+    (tmp_path / "x.log").write_text("step 1\rstep 2\rstep 3\nlast line\n\n")
+    assert W.log_tail(str(tmp_path / "x.log")) == "step 3\nlast line"  # a progress bar's redraws collapse
+    assert W.log_tail(str(tmp_path / "none.log")).startswith("(unreadable: ")
