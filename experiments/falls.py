@@ -12,7 +12,15 @@ was still within 0.3 of the best, so the fall began after C - 50. The window is 
 the median, over the cell's seeds that never collapsed, of their own medians over the same steps. The summary per
 metric: over the held-out falls, how often the fallen run's value was the larger, the geometric mean of the ratio,
 and an exact sign-flip test on the log ratios (p values exploratory, not corrected for the metrics tried). The same
-for the fall itself, [C - 50, C]."""
+for the fall itself, [C - 50, C].
+
+Height-matched (added at 91 runs, after the same-steps comparison had shown the fallen runs higher; its rule was
+written before it was computed). A run can only fall from a height, and height alone moves entropy, gradients and
+perhaps the engine's flips, so each window before a held-out fall is also set beside windows of the same height:
+every window of the same length that starts at an evaluation, in a run that never collapsed, of any cell with the
+same engine and the same N, whose held-out accuracy at that evaluation is within HEIGHT_TOL of the fallen run's at
+the start of its window. The reference is the median over those runs of each run's median over its matched windows
+(so a long plateau counts once), at whatever step they came; a fall with no matched window is left out."""
 import argparse
 import json
 import math
@@ -42,6 +50,7 @@ FLOOR = {"kl": 1e-10}
 # criteria has no such bracket (the EMA lags and a slow decline may begin before C - 100), so those falls are listed
 # but not summarised.
 SUMMARIZED = ("heldout_drop",)
+HEIGHT_TOL = 0.05  # height-matched reference: held-out accuracy within this of the fallen run's
 SMOOTH = 10  # every-step metrics are drawn as means over this many steps (an all-equal-reward step has grad norm 0)
 
 
@@ -106,13 +115,40 @@ def falls(grid: dict, rows: dict, window: int) -> list[dict]:
     return out
 
 
+def match_heights(grid: dict, rows: dict, found: list[dict], tol: float = HEIGHT_TOL) -> None:
+    """Add to each held-out fall its height-matched reference (module docstring): `matched` (height, runs, windows)
+    and, per metric, "fallen_matched" (the fallen run's window median) and "stable_matched"."""
+    never = [(cell, seed) for cell, c in grid["cells"].items() if alias(cell) == cell
+             for seed, r in c["runs"].items() if r["collapse_step"] is None]
+    for e in found:
+        lo, hi = e["window"]
+        height = window_median(rows[e["cell"], str(e["seed"])], "eval/accuracy", lo, hi)
+        if e["why"] not in SUMMARIZED or height is None:
+            continue
+        engine, _, n = e["cell"].split("/")
+        per_run = {}  # (cell, seed) -> its matched windows' starts
+        for cell, seed in never:
+            if cell.split("/")[0] != engine or cell.split("/")[2] != n:
+                continue
+            last = rows[cell, seed][-1]["step"]
+            per_run[cell, seed] = [r["step"] for r in rows[cell, seed] if r.get("eval/accuracy") is not None
+                                   and abs(r["eval/accuracy"] - height) <= tol and r["step"] + hi - lo <= last + 1]
+        per_run = {k: v for k, v in per_run.items() if v}
+        e["matched"] = dict(height=height, tol=tol, runs=len(per_run), windows=sum(map(len, per_run.values())))
+        for m in METRICS:
+            meds = [statistics.median(vals) for k, starts in per_run.items()
+                    if (vals := [v for a in starts if (v := window_median(rows[k], m, a, a + hi - lo)) is not None])]
+            e["metrics"][m].update(fallen_matched=e["metrics"][m]["fallen"],
+                                   stable_matched=statistics.median(meds) if meds else None)
+
+
 def summarize(found: list[dict], key: str = "") -> dict:
     """Per metric, over the held-out falls (SUMMARIZED): the fallen run against its stable seeds in the window before
     (key "") or during (key "_during") the fall. A pair is compared only when both values exceed the metric's FLOOR."""
     summ = {}
     for m in METRICS:
         pairs = [(e["metrics"][m]["fallen" + key], e["metrics"][m]["stable" + key]) for e in found
-                 if e["why"] in SUMMARIZED]
+                 if e["why"] in SUMMARIZED and "fallen" + key in e["metrics"][m]]
         floor = FLOOR.get(m, 0.0)
         logs = [math.log(a / b) for a, b in pairs if (a or 0) > floor and (b or 0) > floor]
         summ[m] = dict(n=len(logs), fallen_larger=sum(x > 0 for x in logs),
@@ -159,7 +195,8 @@ def main(argv=None):
     grid, rows = load(args.grid)
     window = int(flag_value(grid["common"].split(), "--eval-every", "50"))
     found = falls(grid, rows, window)
-    summ, during = summarize(found), summarize(found, "_during")
+    match_heights(grid, rows, found)
+    summ, during, matched = summarize(found), summarize(found, "_during"), summarize(found, "_matched")
     lines = [f"Exploratory (not pre-registered): telemetry over the {window} steps before the evaluation that "
              f"preceded each sustained collapse, the fallen run's median against the median of the same cell's "
              f"stable seeds over the same steps. {len(found)} collapses in {len(rows)} finished runs"
@@ -185,13 +222,30 @@ def main(argv=None):
                   "sign-flip p (exploratory) |", "|---|---|---|---|---|"]
         lines += [f"| {METRICS[m]} | {s['n']} | {s['fallen_larger']} | {fmt(s['geo_mean_ratio'])} | "
                   f"{fmt(s['p'])} |" for m, s in table.items()]
+    lines += ["", f"Height-matched, before the fall: each fallen run's window against windows of {2 * window} "
+              f"- {window} = {window} steps, starting at an evaluation within {HEIGHT_TOL} of its held-out accuracy, "
+              "in runs of the same engine and N that never collapsed, at any step (the median over runs of each "
+              "run's median). Added at 91 runs, after the table above; exploratory.", "",
+              "| cell | seed | height | matched runs (windows) | " + " | ".join(METRICS.values()) + " |",
+              "|---" * (4 + len(METRICS)) + "|"]
+    for e in found:
+        if "matched" in e:
+            cells = [f"{fmt(v['fallen_matched'])} vs {fmt(v['stable_matched'])}" for v in e["metrics"].values()]
+            lines.append(f"| {e['cell']} | {e['seed']} | {fmt(e['matched']['height'])} | {e['matched']['runs']} "
+                         f"({e['matched']['windows']}) | " + " | ".join(cells) + " |")
+    lines += ["", "| metric | falls compared | fallen run larger | geometric mean ratio | sign-flip p (exploratory) |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {METRICS[m]} | {s['n']} | {s['fallen_larger']} | {fmt(s['geo_mean_ratio'])} | {fmt(s['p'])} |"
+              for m, s in matched.items()]
     md = "\n".join(lines)
     print(md)
     out = args.out or args.grid
     os.makedirs(out, exist_ok=True)
     plot(found, grid, rows, window, os.path.join(out, "falls.png"))
     write_results(os.path.join(out, "falls.json"), dict(window=window, complete=grid["complete"], falls=found,
-                                                        summary=summ, summary_during=during), t0=t0, md=md)
+                                                        summary=summ, summary_during=during,
+                                                        summary_matched=matched, height_tol=HEIGHT_TOL),
+                  t0=t0, md=md)
 
 
 if __name__ == "__main__":

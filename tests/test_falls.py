@@ -1,7 +1,8 @@
 """What this proves: experiments.falls reads its windows where its docstring says (the 50 steps before the evaluation
 that preceded a collapse, and the fall itself; n1fresh's steps scaled by its block size), compares a fallen run with
-the median of its cell's stable seeds only, and on the committed staleness records finds every sustained collapse of
-grid.json once; a missing grid table is one clear error."""
+the median of its cell's stable seeds only, and with height-matched windows of never-collapsed runs of its engine
+and N, and on the committed staleness records finds every sustained collapse of grid.json once; a missing grid
+table is one clear error."""
 import json
 import math
 import subprocess
@@ -58,6 +59,35 @@ def test_n1fresh_windows_bracket_the_fall_in_raw_steps():
     inside = lambda w, step: w[0] <= step < w[1]  # noqa: E731
     assert inside(e["fall"], 799) and inside(e["fall"], 599) and not inside(e["fall"], 399)
     assert inside(e["window"], 399) and not inside(e["window"], 599) and e["window"] == [396, 596]
+
+
+def test_height_matched_reference_reads_same_engine_and_n_never_collapsed_runs_at_the_fallen_height():
+    """Windows start at evaluations within HEIGHT_TOL of the fallen run's height, in never-collapsed runs of the same
+    engine and N (any arm, any step); each run's matched windows give one median, the runs' medians one reference."""
+    def run(evals: dict[int, float], grad: float, steps: int = 400) -> list[dict]:
+        return [dict(step=s, grad_norm=grad + (s % 3 == 0) * 1e-3, **({"eval/accuracy": evals[s]} if s in evals
+                                                                       else {})) for s in range(steps)]
+    grid = {"cells": {"e/none/n4": {"runs": {"0": {"collapse_step": 249, "why": "heldout_drop"},
+                                             "1": {"collapse_step": None}, "2": {"collapse_step": 399,
+                                                                                 "why": "heldout_drop"}}},
+                      "e/r3/n4": {"runs": {"0": {"collapse_step": None}}},
+                      "e/none/n8": {"runs": {"0": {"collapse_step": None}}},
+                      "f/none/n4": {"runs": {"0": {"collapse_step": None}}}}}
+    data = {("e/none/n4", "0"): run({149: 0.5, 199: 0.55, 249: 0.1}, 7.0),
+            ("e/none/n4", "1"): run({49: 0.2, 99: 0.46, 149: 0.9, 199: 0.54, 359: 0.5}, 1.0),  # 359: no room
+            ("e/none/n4", "2"): run({49: 0.5}, 50.0),  # collapsed later: never a reference
+            ("e/r3/n4", "0"): run({299: 0.5}, 3.0),
+            ("e/none/n8", "0"): run({49: 0.5}, 60.0), ("f/none/n4", "0"): run({49: 0.5}, 70.0)}
+    found = F.falls(grid, data, window=50)
+    F.match_heights(grid, data, found)
+    e = next(x for x in found if x["seed"] == 0)
+    assert e["matched"] == dict(height=0.5, tol=F.HEIGHT_TOL, runs=2, windows=3)  # seed 1 at 99, 199; r3 at 299
+    m = e["metrics"]["grad_norm"]
+    assert m["fallen_matched"] == m["fallen"] == 7.0
+    assert math.isclose(m["stable_matched"], 2.0)  # median of seed 1's 1.0 and r3's 3.0
+    assert "matched" not in next(x for x in found if x["seed"] == 2)  # no evaluation in its window: no height
+    s = F.summarize(found, "_matched")["grad_norm"]
+    assert s["n"] == 1 and s["fallen_larger"] == 1 and math.isclose(s["geo_mean_ratio"], 3.5)
 
 
 def test_summary_skips_falls_without_a_held_out_bracket_and_kl_at_rounding_level():
