@@ -159,13 +159,17 @@ def keep_input(grid: str, run: str) -> bool:
         return False
 
 
+LEFT_BY_WRITERS = (".tmp", ".old", ".clear")  # a run folder set aside by r3.io / RunFolder.clear, not a run
+
+
 def save_inputs(grid: str, last: int) -> list[str]:
     """GRID/dumps/RUN.json.gz for every finished run in GRID/runs that has none yet."""
     root = os.path.join(grid, "runs")
     if not os.path.isdir(root):  # a clean clone: the committed inputs are all there is
         print(f"note: {root} does not exist here; the kept inputs in {os.path.join(grid, 'dumps')} stand as they are")
         return []
-    return [d for d in sorted(os.listdir(root)) if save_input(grid, os.path.join(root, d), last)]
+    return [d for d in sorted(os.listdir(root)) if not d.endswith(LEFT_BY_WRITERS)
+            and save_input(grid, os.path.join(root, d), last)]
 
 
 def read_grid(grid: str) -> tuple[list[dict], list[str]]:

@@ -149,7 +149,7 @@ def log_tail(path: str, lines: int = 15) -> str:
             text = f.read()
     except OSError as e:
         return f"(unreadable: {e})"
-    kept = [ln.rsplit("\r", 1)[-1].rstrip() for ln in text.split("\n")]  # splitlines() would split at \r too
+    kept = [ln.rstrip("\r").rsplit("\r", 1)[-1].rstrip() for ln in text.split("\n")]  # splitlines() splits at \r
     return "\n".join([ln for ln in kept if ln.strip()][-lines:]) or "(empty)"
 
 

@@ -74,20 +74,37 @@ def test_height_matched_reference_reads_same_engine_and_n_never_collapsed_runs_a
                       "e/none/n8": {"runs": {"0": {"collapse_step": None}}},
                       "f/none/n4": {"runs": {"0": {"collapse_step": None}}}}}
     data = {("e/none/n4", "0"): run({149: 0.5, 199: 0.55, 249: 0.1}, 7.0),
-            ("e/none/n4", "1"): run({49: 0.2, 99: 0.46, 149: 0.9, 199: 0.54, 359: 0.5}, 1.0),  # 359: no room
+            ("e/none/n4", "1"): run({49: 0.2, 99: 0.46, 149: 0.9, 199: 0.54, 249: 0.56, 351: 0.5}, 1.0),
             ("e/none/n4", "2"): run({49: 0.5}, 50.0),  # collapsed later: never a reference
-            ("e/r3/n4", "0"): run({299: 0.5}, 3.0),
+            ("e/r3/n4", "0"): run({299: 0.5, 350: 0.5}, 3.0),  # 350-399 is the last whole window; 351 has none
             ("e/none/n8", "0"): run({49: 0.5}, 60.0), ("f/none/n4", "0"): run({49: 0.5}, 70.0)}
     found = F.falls(grid, data, window=50)
     F.match_heights(grid, data, found)
     e = next(x for x in found if x["seed"] == 0)
-    assert e["matched"] == dict(height=0.5, tol=F.HEIGHT_TOL, runs=2, windows=3)  # seed 1 at 99, 199; r3 at 299
+    assert e["matched"] == dict(height=0.5, tol=F.HEIGHT_TOL, runs=2, windows=4)  # seed 1: 99, 199; r3: 299, 350
     m = e["metrics"]["grad_norm"]
     assert m["fallen_matched"] == m["fallen"] == 7.0
     assert math.isclose(m["stable_matched"], 2.0)  # median of seed 1's 1.0 and r3's 3.0
     assert "matched" not in next(x for x in found if x["seed"] == 2)  # no evaluation in its window: no height
     s = F.summarize(found, "_matched")["grad_norm"]
     assert s["n"] == 1 and s["fallen_larger"] == 1 and math.isclose(s["geo_mean_ratio"], 3.5)
+
+
+def test_height_matched_n1fresh_windows_start_at_the_block_that_holds_the_evaluation():
+    """n1fresh logs an evaluation at its block's last raw step (399 of 396-399); the fallen window starts at the
+    block (396), so a matched one must too: a run whose rows end at 1395 holds the window of its evaluation at 1199
+    only if it starts at 1196."""
+    fallen = [dict(step=s, grad_norm=1.0, **({"eval/accuracy": 0.9 if s < 799 else 0.1} if s % 200 == 199 else {}))
+              for s in range(1200)]
+    stable = [dict(step=s, grad_norm=2.0, **({"eval/accuracy": 0.9 if s == 1199 else 0.0} if s % 200 == 199 else {}))
+              for s in range(1396)]
+    grid = {"cells": {"e/none/n1fresh": {"runs": {"0": {"collapse_step": 199, "why": "heldout_drop"},
+                                                  "1": {"collapse_step": None}}}}}
+    data = {("e/none/n1fresh", "0"): fallen, ("e/none/n1fresh", "1"): stable}
+    found = F.falls(grid, data, window=50)
+    F.match_heights(grid, data, found)
+    assert found[0]["window"] == [396, 596] and found[0]["matched"]["windows"] == 1
+    assert found[0]["metrics"]["grad_norm"]["stable_matched"] == 2.0
 
 
 def test_summary_skips_falls_without_a_held_out_bracket_and_kl_at_rounding_level():

@@ -88,6 +88,7 @@ def test_the_share_wrong_must_reach_stuck(tmp_path):
 def test_grid_inputs_give_the_run_folders_table(tmp_path):
     grid = tmp_path / "grid"
     make_run(grid / "runs" / "a-s0")
+    make_run(grid / "runs" / "b-s0.clear")  # a run folder another process's clear() has set aside: not a run
     assert P.save_inputs(str(grid), last=8) == ["a-s0"]
     assert P.save_inputs(str(grid), last=8) == []  # kept, not rewritten
     first = (grid / "dumps" / "a-s0.json.gz").read_bytes()

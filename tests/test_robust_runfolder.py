@@ -153,7 +153,11 @@ def test_writes_do_not_open_what_other_writers_keep_beside_them(tmp_path):
     FileNotFoundError in CI, 2026-12-04). A dangling link stands for a sibling that vanished."""
     os.symlink(tmp_path / "renamed-away", tmp_path / ".tmpXYZ")
     r3.io.atomic_write_json(str(tmp_path / "a.json"), dict(x=1))
-    r3.io.atomic_write(str(tmp_path / "folder"), lambda tmp: (os.makedirs(tmp), open(os.path.join(tmp, "f"), "w")))
+    def folder(tmp):
+        os.makedirs(tmp)
+        with open(os.path.join(tmp, "f"), "w") as f:
+            f.write("x")
+    r3.io.atomic_write(str(tmp_path / "folder"), folder)
     assert os.listdir(tmp_path / "folder") == ["f"]
     run = RunFolder(str(tmp_path / "run"))
     old_run(str(tmp_path / "run"))

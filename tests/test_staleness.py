@@ -422,6 +422,6 @@ def test_a_failed_run_raises_with_the_end_of_its_log(tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)run .*bad-s0 failed \(exit 2\); the end of .*bad-s0\.log:\n"
                                            r".*unrecognized arguments: --no-such-flag"):
         W.run_all(runs, jobs=1, log_dir=str(tmp_path / "logs"))
-    (tmp_path / "x.log").write_text("step 1\rstep 2\rstep 3\nlast line\n\n")
-    assert W.log_tail(str(tmp_path / "x.log")) == "step 3\nlast line"  # a progress bar's redraws collapse
+    (tmp_path / "x.log").write_bytes(b"step 1\rstep 2\rstep 3\nwindows line\r\nlast line\n\n")
+    assert W.log_tail(str(tmp_path / "x.log")) == "step 3\nwindows line\nlast line"  # a bar's redraws collapse
     assert W.log_tail(str(tmp_path / "none.log")).startswith("(unreadable: ")
