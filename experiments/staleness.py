@@ -62,6 +62,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
+import matplotlib.lines
 
 from experiments.collapse import HEADLINE, collapse_step, with_lr
 from experiments.common import fmt, write_results
@@ -587,23 +588,34 @@ def plot(done: dict, cells: dict, title: str, path: str) -> None:
 
 
 def plot_panels(done: dict, cells: dict, layout: list[list[str]], title: str, path: str) -> None:
-    """Held-out accuracy against samples seen, median and min-max over seeds, one panel per cell of `layout` (rows
-    of cell names)."""
+    """Held-out accuracy against samples seen, median and min-max over seeds, and each run as a thin line (red: a
+    sustained collapse), one panel per cell of `layout` (rows of cell names)."""
     nrows, ncols = len(layout), max(len(r) for r in layout)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3 * nrows), sharex=True, sharey=True, squeeze=False)
     for i, row in enumerate(layout):
         for j, c in enumerate(row):
             ax = axes[i][j]
             series = []
-            for _, rows, _, per_step in done.get(c, {}).values():
+            d = cells.get(c, dict(collapsed=0, n=0))
+            for seed, (_, rows, _, per_step) in done.get(c, {}).items():
                 series.append([((r["step"] + 1) * per_step, r["eval/accuracy"]) for r in rows
                                if r.get("eval/accuracy") is not None])
+                run = d.get("runs", {}).get(seed, d.get("runs", {}).get(str(seed), {}))
+                fell = run.get("collapse_step") is not None
+                if series[-1]:
+                    ax.plot(*zip(*series[-1]), lw=0.9 if fell else 0.6, color="tab:red" if fell else "0.55",
+                            alpha=0.8)
             if series:
                 xs = sorted({x for s in series for x, _ in s})
                 at = [sorted(v for v in (dict(s).get(x) for s in series) if v is not None) for x in xs]
-                ax.fill_between(xs, [v[0] for v in at], [v[-1] for v in at], alpha=0.25, label="min-max")
-                ax.plot(xs, [statistics.median(v) for v in at], lw=1.5, label="median")
-            d = cells.get(c, dict(collapsed=0, n=0))
+                ax.fill_between(xs, [v[0] for v in at], [v[-1] for v in at], alpha=0.12, label="min-max")
+                ax.plot(xs, [statistics.median(v) for v in at], lw=1.8, color="tab:blue", label="median")
+            if i == 0 and j == 0:
+                ax.legend(handles=[matplotlib.lines.Line2D([], [], color="tab:blue", lw=1.8, label="median"),
+                                   matplotlib.lines.Line2D([], [], color="0.55", lw=0.6, label="a run"),
+                                   matplotlib.lines.Line2D([], [], color="tab:red", lw=0.9,
+                                                           label="a run that fell (sustained)")],
+                          fontsize=7, loc="upper left")
             ax.set_title(f"{c}: {d['collapsed']}/{d['n']} collapsed", fontsize=9)
             ax.set_ylim(-0.02, 1.02)
             if i == nrows - 1:
