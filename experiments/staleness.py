@@ -600,8 +600,7 @@ def plot_panels(done: dict, cells: dict, layout: list[list[str]], title: str, pa
             for seed, (_, rows, _, per_step) in done.get(c, {}).items():
                 series.append([((r["step"] + 1) * per_step, r["eval/accuracy"]) for r in rows
                                if r.get("eval/accuracy") is not None])
-                run = d.get("runs", {}).get(seed, d.get("runs", {}).get(str(seed), {}))
-                fell = run.get("collapse_step") is not None
+                fell = d.get("runs", {}).get(seed, {}).get("collapse_step") is not None  # runs: summarize(done)'s
                 if series[-1]:
                     ax.plot(*zip(*series[-1]), lw=0.9 if fell else 0.6, color="tab:red" if fell else "0.55",
                             alpha=0.8)
