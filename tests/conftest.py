@@ -1,4 +1,5 @@
 import os
+import re
 import signal
 
 import torch
@@ -9,6 +10,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # two-rank launches on this loaded 2-core machine, never in one process. The two-rank tests retry such a launch once;
 # a real failure repeats.
 GLOO_ABORT = "terminate called without an active exception"
+# Once (a local .ci/run, 2026-12-05) rank 0 died by SIGABRT while gathering the final state dict, and rank 1 then
+# reported gloo's "Connection reset by peer"; 30 reruns of the same launch passed. A rank ended by a signal
+# (torchrun's "exitcode: -6") is C++ dying under Python, not a Python error; a real failure repeats, so it gets the
+# same single retry.
+SIGNALLED = re.compile(r"exitcode: -\d+")
+
+
+def gloo_died(stderr: str) -> bool:
+    """A failed multi-rank launch that died in the C++ layer (see GLOO_ABORT, SIGNALLED): worth one retry."""
+    return GLOO_ABORT in stderr or SIGNALLED.search(stderr) is not None
+
+
+def rank_errors(stderr: str, keep: int = 3000) -> str:
+    """What a failed torchrun launch said: its first `keep` characters (where the rank that died first speaks) and
+    its last `keep`, without progress bars, so the assertion names the cause and not only the other rank's echo."""
+    text = "\n".join(line for line in stderr.splitlines() if "it/s" not in line)
+    return text if len(text) <= 2 * keep else f"{text[:keep]}\n[...]\n{text[-keep:]}"
 
 
 def sigkill_on_call(k: int):

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from conftest import GLOO_ABORT
+from conftest import gloo_died, rank_errors
 from r3.hf import load_pretrained, save_pretrained
 from r3.model import ModelConfig, build_model
 
@@ -22,9 +22,9 @@ CFG = ModelConfig(vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attent
 def run(cmd, out):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    if proc.returncode != 0 and GLOO_ABORT in proc.stderr:  # retried once (conftest.GLOO_ABORT)
+    if proc.returncode != 0 and gloo_died(proc.stderr):  # retried once (conftest.gloo_died)
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{rank_errors(proc.stderr)}"
     assert os.path.exists(os.path.join(out, "roundtrip_ok")), "the saved full state dict did not load back equal"
     with open(os.path.join(out, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
