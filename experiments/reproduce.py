@@ -123,6 +123,15 @@ REGISTRY = (
               ("*_ms", "skip", TIMING), ("*speedup", "skip", TIMING), ("wall_s", "skip", WALL)),
               default="the configuration of the benchmark"),),
           note="the engine's decode forward, old kernels against new; measured with nothing else running"),
+    Entry("speed_compile", "results", ("speed_compile.json", "speed_compile.md"),
+          ("python -m experiments.speed --sections compile --reps 21 --out {out}/speed_compile.json",), wall_s=60,
+          checks=(Check("speed_compile.json", (
+              ("*ms", "skip", TIMING), ("*speedup", "skip", TIMING),
+              ("*first_call_s", "skip", TIMING), ("wall_s", "skip", WALL),
+              ("*grad_max_abs_diff", ("abs", 1e-8), "inductor's generated kernels follow the CPU's vector width, so "
+               "their rounding can differ by machine; within 1e-8 of the committed value")),
+              default="the configuration, eager's gradient and the graph counts"),),
+          note="torch.compile of the trainer's forward + backward, as a probe; measured with nothing else running"),
     Entry("numerics", "results", ("numerics.json", "numerics.md"),
           ("python -m experiments.numerics --out {out}/numerics.json",), wall_s=600,
           checks=(Check("numerics.json"),),

@@ -13,6 +13,10 @@ times, above 1 is faster for tokens/s.
   decode    one decode forward of the rollout engine (toy, chain:1024's positions), the kernels of
             experiments.numerics `legacy()` (SDPA decode attention, grouped fp32 experts) against today's, by
             engine dtype, rows and cached positions: what the engine's decode kernels bought
+  compile   the trainer's toy forward + backward at a headline mini-step's shape (32 rows of 65 positions): eager,
+            `torch.compile` as the code stands (fp32 grouped_mm cannot be traced, so the expert path breaks the
+            graph), and compiled with fp32 grouped_mm and its backward as opaque custom ops (a probe: the code does
+            not use them); compile seconds, graphs per forward and the gradient's distance from eager's
   step      the headline RL step (experiments.collapse HEADLINE flags, all their logging) at an older commit
             (--step-base) and at this checkout, alternated: marginal wall seconds per step on one thread (a
             --step-long run minus a --step-short one, so start-up cancels), where the time went (each train.py
@@ -23,6 +27,7 @@ the JSON records the fp32 logit max-abs difference of the two on the same tokens
     python -m experiments.speed [--quick] [--sections moe train generate scaling] [--out results/speed.json]
     python -m experiments.speed --sections step --out results/speed_step.json   # ~1 h on 2 shared cores
     python -m experiments.speed --sections decode --out results/speed_decode.json   # ~1 min
+    python -m experiments.speed --sections compile --reps 21 --out results/speed_compile.json   # ~1 min
     python -m experiments.speed --device cuda --sections moe --moe-tokens 8192 --moe-hidden 2048 \\
         --moe-inter 768 --moe-experts 128 --moe-dtypes bf16      # Qwen3-30B-A3B layer shapes on a GPU
 """
@@ -51,6 +56,7 @@ from r3.engine import Engine
 from r3.errors import run_main
 from r3.hf import save_pretrained
 from r3.model import PRESETS, KVCache, ModelConfig, build_model
+import r3.moe
 from r3.moe import MoE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -253,6 +259,112 @@ def bench_decode(args, clock) -> list[dict]:
     return rows
 
 
+# fp32 grouped_mm as opaque ops for the compile probe: torch's tracing rule takes bf16 only, so the compiler sees
+# these two as calls it cannot look into, and the rest of the forward and backward compiles as one graph.
+@torch.library.custom_op("r3_speed::grouped_mm", mutates_args=())
+def opaque_grouped_mm(x_PD: torch.Tensor, w_EOD: torch.Tensor, offs_E: torch.Tensor) -> torch.Tensor:
+    return F.grouped_mm(x_PD, w_EOD.mT, offs=offs_E)
+
+
+@opaque_grouped_mm.register_fake
+def _(x_PD, w_EOD, offs_E):
+    return x_PD.new_empty(x_PD.shape[0], w_EOD.shape[1])
+
+
+@torch.library.custom_op("r3_speed::grouped_mm_backward", mutates_args=())
+def opaque_grouped_mm_backward(x_PD: torch.Tensor, w_EOD: torch.Tensor, offs_E: torch.Tensor,
+                               g_PO: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/dx, dL/dw) of y = grouped_mm(x, w.mT): each expert's rows of g times its w, and g's rows' outer
+    products with x summed within each expert."""
+    return F.grouped_mm(g_PO, w_EOD, offs=offs_E), F.grouped_mm(g_PO.t(), x_PD, offs=offs_E)
+
+
+@opaque_grouped_mm_backward.register_fake
+def _(x_PD, w_EOD, offs_E, g_PO):
+    return torch.empty_like(x_PD), torch.empty_like(w_EOD)
+
+
+def _save(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, g_PO):
+    return (*opaque_grouped_mm_backward(*ctx.saved_tensors, g_PO.contiguous()), None)
+
+
+opaque_grouped_mm.register_autograd(_backward, setup_context=_save)
+
+
+@contextlib.contextmanager
+def opaque_experts():
+    """r3.moe's expert path with fp32 grouped_mm as the opaque ops above, also while compiling."""
+    saved = r3.moe._grouped_mm, r3.moe._grouped_mm_ok
+    r3.moe._grouped_mm = opaque_grouped_mm
+    r3.moe._grouped_mm_ok = lambda x_PD, w_EOD: all(n * x_PD.element_size() % 16 == 0 for n in w_EOD.shape[1:])
+    try:
+        yield
+    finally:
+        r3.moe._grouped_mm, r3.moe._grouped_mm_ok = saved
+
+
+@contextlib.contextmanager
+def _env(**values):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+
+
+def bench_compile(args, clock) -> list[dict]:
+    """The trainer's forward + backward (the toy, fp32): eager, compiled as is, compiled with opaque grouped_mm."""
+    cfg = dataclasses.replace(PRESETS["toy"], vocab_size=80)
+    B, T = (2, 8) if args.quick else (32, 65)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[:, :3] = False  # left padding, as the cipher task's prompts have
+
+    def grad(model):
+        model.zero_grad(set_to_none=True)
+        logits, _ = model(ids, valid_BT=valid)
+        logits.float().log_softmax(-1)[valid].mean().backward()
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+    model = build_model(cfg)
+    ref, rows, arms = grad(model), [dict(arm="eager", first_call_s=None, graphs=None, grad_max_abs_diff=0.0)], {}
+    for name, ctx in (("compiled", contextlib.nullcontext), ("compiled, opaque grouped_mm", opaque_experts)):
+        # an empty inductor cache, so the first call's time is a cold compile's, as a fresh machine's first run
+        with ctx(), tempfile.TemporaryDirectory() as cache, _env(TORCHINDUCTOR_CACHE_DIR=cache):
+            torch._dynamo.reset()
+            graphs = torch._dynamo.explain(model)(ids, valid_BT=valid).graph_count
+            torch._dynamo.reset()
+            fn = torch.compile(model)
+            t0 = time.perf_counter()
+            got = grad(fn)  # the first call compiles
+            rows.append(dict(arm=name, first_call_s=time.perf_counter() - t0, graphs=graphs,
+                             grad_max_abs_diff=float((got - ref).abs().max())))
+
+        def compiled(fn=fn, ctx=ctx):
+            with ctx():  # the patch only around its own calls: eager is the code as it stands
+                return grad(fn)
+
+        arms[name] = compiled
+    # dynamo keeps the first arm's graphs beside the second's (its guards on r3.moe's functions tell them apart), so
+    # all three are timed in one interleaved run
+    t = interleaved(clock, {"eager": lambda: grad(model), **arms}, args.reps)
+    for r in rows:
+        r.update(ms=t[r["arm"]] * 1e3, speedup=t["eager"] / t[r["arm"]])
+    for r in rows:
+        r.update(batch=B, seq=T, grad_max_abs=float(ref.abs().max()))
+    return rows
+
+
 def checkout(commit: str, tmp: str) -> str:
     """`commit`'s tracked files unpacked into tmp/COMMIT (git archive): an old version to time beside this one."""
     path = os.path.join(tmp, commit)
@@ -356,6 +468,16 @@ def tables(res: dict) -> str:
         out.append(markdown_table(["engine", "rows", "cached positions", "old ms", "new ms", "speed-up"],
                                   [[r["dtype"], str(r["rows"]), str(r["cached"]), fmt(r["old_ms"]), fmt(r["new_ms"]),
                                     f"{r['speedup']:.2f}x"] for r in res["decode"]]))
+    if res.get("compile"):
+        c = res["compile"][0]
+        out.append(f"\n**torch.compile probe, the trainer's forward + backward** (toy, fp32, {c['batch']} rows of "
+                   f"{c['seq']} positions; ms per call, the three arms alternated; above 1 is faster)\n")
+        out.append(markdown_table(
+            ["arm", "ms", "speed-up", "first call s (compiles)", "graphs per forward", "grad max abs diff vs eager",
+             "grad max abs"],
+            [[r["arm"], fmt(r["ms"]), f"{r['speedup']:.2f}x", fmt(r["first_call_s"]),
+              "—" if r["graphs"] is None else str(r["graphs"]), fmt(r["grad_max_abs_diff"]), fmt(r["grad_max_abs"])]
+             for r in res["compile"]]))
     if res.get("step"):
         st = res["step"]
         out.append(f"\n**Headline RL step, marginal wall time per step** (steps {res['config']['step_short']} to "
@@ -383,8 +505,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes, 1 rep (CI smoke test), seconds")
     ap.add_argument("--sections", nargs="+", default=["moe", "train", "generate", "scaling"],
-                    choices=["moe", "train", "generate", "scaling", "step", "decode"], help="which measurements to "
-                    "run (step, the headline RL step against an older commit, is not in the default set: ~1 h)")
+                    choices=["moe", "train", "generate", "scaling", "step", "decode", "compile"],
+                    help="which measurements to run (step, the headline RL step against an older commit, is not in "
+                    "the default set: ~1 h)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                     help="model configs for train and generate")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=list(DTYPES),
@@ -440,6 +563,8 @@ def main():
             res["step"] = bench_step(args, tmp)
         if "decode" in args.sections:
             res["decode"] = bench_decode(args, clock)
+        if "compile" in args.sections:
+            res["compile"] = bench_compile(args, clock)
         if "scaling" in args.sections:
             c = args.scaling_config
             shapes = [(c, 8, T) for T in args.scaling_seqs] + [(c, B, 64 if not args.quick else 8)
