@@ -14,6 +14,13 @@ mismatch. `--check` compares against whatever is committed, so a deliberate rege
 commit) needs no change here. A mismatch prints the file, the key, the committed and the recomputed value, and the
 exit status is 1. `--quick` checks the entries marked quick (about 10 minutes on 2 cores; `.ci/run` runs it).
 
+A number made by a model reproduces bit for bit only on the kind of CPU it was made on (docs/reproduce.md). So a
+checked file made on one kind of CPU may have a twin made on another, `results/cpu/SLUG/ENTRY/FILE` (SLUG: the CPU's
+name and vector extensions, `cpu_slug()`): `--check` compares with the entry's own file on the CPU that made it, and
+with this CPU's twin elsewhere, when one is committed.
+
+    python -m experiments.reproduce --only NAME --cpu-reference   # make this CPU's twins of NAME's checked files
+
 Some entries check with a cheaper command (`check_commands`) that recomputes exactly the keys they compare, e.g.
 route sizes without the long throughput timing. Entries made by code this project has since changed are `frozen`:
 listed with the command of their time and the reason, never remade or checked. To add an entry, append an `Entry`.
@@ -372,6 +379,58 @@ def remake(entry: Entry) -> None:
               f"(expected {entry.wall_s:.0f} s)")
 
 
+# ------------------------------------------------------------------------------------------- per-CPU references
+CPU_REFS = os.path.join("results", "cpu")
+
+
+def cpu_slug(name: str | None = None) -> str:
+    """A folder name for a kind of CPU: `cpu_name()` lower-cased, each run of other characters one '-'."""
+    return re.sub(r"[^a-z0-9_]+", "-", (name or cpu_name()).lower()).strip("-")
+
+
+def made_on(path: str) -> str | None:
+    """The CPU a results JSON's provenance names (None: unreadable, or made before provenance named it)."""
+    try:
+        with open(path) as f:
+            prov = json.load(f).get("provenance")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return prov.get("cpu") if isinstance(prov, dict) else None
+
+
+def twin_path(entry: Entry, check_file: str, root: str = ROOT, cpu: str | None = None) -> str:
+    return os.path.join(root, CPU_REFS, cpu_slug(cpu), entry.name, check_file)
+
+
+def reference(entry: Entry, check_file: str, root: str = ROOT) -> str:
+    """The committed file a check compares with: the entry's own when this kind of CPU made it (or no twin for this
+    CPU is committed), else this CPU's twin."""
+    own = os.path.join(root, entry.out, check_file)
+    twin = twin_path(entry, check_file, root)
+    return twin if made_on(own) != cpu_name() and os.path.exists(twin) else own
+
+
+def make_cpu_reference(entry: Entry) -> None:
+    """Recompute the entry's checked files as --check does and write them to this CPU's twin folder, to commit.
+    Refused where the entry's own files were made on this kind of CPU: remake those with --only NAME instead."""
+    if entry.frozen or not entry.checks:
+        raise SystemExit(f"{entry.name}: {entry.frozen or 'checks no numbers'}; it has no CPU references")
+    here = cpu_name()
+    own = [c.file for c in entry.checks if made_on(os.path.join(ROOT, entry.out, c.file)) == here]
+    if own:
+        raise SystemExit(f"{entry.name}: {', '.join(own)} was made on this kind of CPU ({here}); a twin would be the "
+                         f"same file: remake it with --only {entry.name}")
+    with tempfile.TemporaryDirectory(prefix=f"reproduce-{entry.name}-") as tmp:
+        out = os.path.join(tmp, "out")
+        run_commands(entry, entry.check_commands or entry.commands, out, tmp, log=None)
+        for c in entry.checks:
+            dest = twin_path(entry, c.file)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copy(os.path.join(out, c.file), dest + ".part")
+            os.replace(dest + ".part", dest)
+            print(f"[{entry.name}] wrote {os.path.relpath(dest, ROOT)} (made on {here})")
+
+
 def check(entry: Entry, *, root: str = ROOT) -> list[str]:
     """Recompute `entry` into a temp folder and compare with the files committed under `root`. Returns one line
     per mismatch (empty when everything matches)."""
@@ -381,7 +440,10 @@ def check(entry: Entry, *, root: str = ROOT) -> list[str]:
         run_commands(entry, entry.check_commands or entry.commands, out, tmp, log=os.path.join(tmp, "log.txt"))
         bad, n = [], 0
         for c in entry.checks:
-            committed_path = os.path.join(root, entry.out, c.file)
+            committed_path = reference(entry, c.file, root)
+            if committed_path != os.path.join(root, entry.out, c.file):
+                print(f"[{entry.name}] {c.file}: compared with {os.path.relpath(committed_path, root)}, made on this "
+                      "kind of CPU", flush=True)
             committed = json.load(open(committed_path))
             recomputed = json.load(open(os.path.join(out, c.file)))
             rel = os.path.relpath(committed_path, root)
@@ -403,7 +465,7 @@ def cpu_hint(entry: Entry, root: str = ROOT) -> str | None:
     here = cpu_name()
     for c in entry.checks:
         try:
-            with open(os.path.join(root, entry.out, c.file)) as f:
+            with open(reference(entry, c.file, root)) as f:
                 d = json.load(f)
         except (OSError, ValueError):
             continue  # check() has named what is wrong with the file itself
@@ -412,7 +474,8 @@ def cpu_hint(entry: Entry, root: str = ROOT) -> str | None:
         if made != here:
             return (f"note: {c.file} was made on {made or 'a CPU its provenance does not name (before 2026-12-04)'}, "
                     f"checked here on {here}: numbers from a model are bit-reproducible on the kind of CPU they were "
-                    f"made on; check there, or remake with --only {entry.name} and say so in the commit")
+                    f"made on; check there, or remake with --only {entry.name} and say so in the commit, or add "
+                    f"this CPU's twin with --only {entry.name} --cpu-reference")
     return None
 
 
@@ -444,6 +507,8 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true", help="recompute into a temp folder and compare with results/")
     p.add_argument("--quick", action="store_true", help="with --check: only the quick entries (~10 min on 2 cores)")
     p.add_argument("--list", action="store_true", help="print the registry and exit")
+    p.add_argument("--cpu-reference", action="store_true", help="with --only: recompute the entries' checked files "
+                   f"into {CPU_REFS}/SLUG/NAME/, this kind of CPU's twins of files made on another")
     args = p.parse_args(argv)
     unknown = [n for n in args.only or [] if n not in BY_NAME]
     if unknown:
@@ -451,6 +516,12 @@ def main(argv=None) -> int:
     entries = [BY_NAME[n] for n in args.only] if args.only else list(REGISTRY)
     if args.list:
         print(listing(entries))
+        return 0
+    if args.cpu_reference:
+        if args.check or args.quick or not args.only:
+            p.error("--cpu-reference needs --only NAME and no --check or --quick")
+        for e in entries:
+            make_cpu_reference(e)
         return 0
     if not args.check:
         if args.quick or not args.only:

@@ -23,7 +23,13 @@ def committed_results() -> list[str]:
 
 
 def owners(path: str) -> list[str]:
-    """Entries whose file patterns (relative to their folder, at the same depth: `*` never crosses a `/`) match."""
+    """Entries whose file patterns (relative to their folder, at the same depth: `*` never crosses a `/`) match; a
+    per-CPU twin (results/cpu/SLUG/ENTRY/FILE) belongs to ENTRY when FILE is one it checks."""
+    parts = path.split("/")
+    if path.startswith(rp.CPU_REFS + "/"):
+        return [e.name for e in REGISTRY if len(parts) == 5 and e.name == parts[3]
+                and parts[4] in [c.file for c in e.checks]]
+
     def match(e, pattern):
         rel = os.path.relpath(path, e.out)
         return not rel.startswith("..") and rel.count("/") == pattern.count("/") and fnmatch.fnmatch(rel, pattern)
@@ -146,3 +152,46 @@ def test_a_mismatch_names_the_cpu_a_file_was_made_on_when_it_is_not_this_one(tmp
     assert "a CPU its provenance does not name" in rp.cpu_hint(e, root=str(tmp_path))
     path.write_text(json.dumps([1, 2]))
     assert "a CPU its provenance does not name" in rp.cpu_hint(e, root=str(tmp_path))
+
+
+def test_a_check_compares_with_this_cpus_twin_when_the_entrys_file_was_made_on_another(tmp_path, capsys):
+    from r3.provenance import cpu_name
+    e = BY_NAME["storage"]
+    copy_committed(e, tmp_path)
+    own = tmp_path / e.out / "storage.json"
+    data = json.loads(own.read_text())
+    twin = tmp_path / rp.CPU_REFS / rp.cpu_slug() / "storage" / "storage.json"
+    twin.parent.mkdir(parents=True)
+    twin.write_text(json.dumps(dict(data, provenance=dict(data["provenance"], cpu=cpu_name()))))
+    # the entry's own file, made on another CPU, holds other numbers: the twin made here decides
+    data["rows"][0]["vs_int32"] = 3.5
+    own.write_text(json.dumps(dict(data, provenance=dict(data["provenance"], cpu="Another CPU [avx2]"))))
+    assert rp.reference(e, "storage.json", root=str(tmp_path)) == str(twin)
+    assert rp.check(e, root=str(tmp_path)) == []
+    assert f"compared with {rp.CPU_REFS}/{rp.cpu_slug()}/storage/storage.json" in capsys.readouterr().out
+    # a twin that no longer matches the code is a mismatch like any committed file
+    twin_data = json.loads(twin.read_text())
+    twin_data["rows"][1]["vs_int32"] = 9.5
+    twin.write_text(json.dumps(twin_data))
+    (line,) = rp.check(e, root=str(tmp_path))
+    assert line.startswith(f"{rp.CPU_REFS}/{rp.cpu_slug()}/storage/storage.json: rows[1]") and "committed 9.5" in line
+    # made here, the entry's own file is compared and the twin ignored
+    own.write_text(json.dumps(dict(data, provenance=dict(data["provenance"], cpu=cpu_name()))))
+    assert rp.reference(e, "storage.json", root=str(tmp_path)) == str(own)
+    twin.unlink()  # no twin for this CPU: the entry's own file, whatever made it
+    own.write_text(json.dumps(dict(data, provenance=dict(data["provenance"], cpu="Another CPU [avx2]"))))
+    assert rp.reference(e, "storage.json", root=str(tmp_path)) == str(own)
+
+
+def test_cpu_slug_is_a_folder_name():
+    assert rp.cpu_slug("AMD EPYC [avx2 avx512f avx512_bf16]") == "amd-epyc-avx2-avx512f-avx512_bf16"
+    assert rp.cpu_slug("Intel(R) Xeon(R) Processor [avx2 amx_bf16]") == "intel-r-xeon-r-processor-avx2-amx_bf16"
+
+
+def test_cpu_reference_needs_only_and_is_refused_where_this_cpu_made_the_entrys_file(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as e:
+        rp.main(["--cpu-reference"])
+    assert e.value.code == 2 and "--cpu-reference needs --only NAME" in capsys.readouterr().err
+    monkeypatch.setattr(rp, "made_on", lambda path: rp.cpu_name())
+    with pytest.raises(SystemExit, match="was made on this kind of CPU .*remake it with --only storage"):
+        rp.main(["--only", "storage", "--cpu-reference"])
