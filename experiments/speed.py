@@ -338,20 +338,16 @@ def bench_compile(args, clock) -> list[dict]:
 
     model = build_model(cfg)
     ref, rows, arms = grad(model), [dict(arm="eager", first_call_s=None, graphs=None, grad_max_abs_diff=0.0)], {}
-    compiled_arms = (("compiled", contextlib.nullcontext), ("compiled, opaque grouped_mm", opaque_experts))
-    graphs = {}
-    for name, ctx in compiled_arms:
-        with ctx():
-            torch._dynamo.reset()
-            graphs[name] = torch._dynamo.explain(model)(ids, valid_BT=valid).graph_count
-    torch._dynamo.reset()
-    for name, ctx in compiled_arms:
+    for name, ctx in (("compiled", contextlib.nullcontext), ("compiled, opaque grouped_mm", opaque_experts)):
         # an empty inductor cache, so the first call's time is a cold compile's, as a fresh machine's first run
         with ctx(), tempfile.TemporaryDirectory() as cache, _env(TORCHINDUCTOR_CACHE_DIR=cache):
+            torch._dynamo.reset()
+            graphs = torch._dynamo.explain(model)(ids, valid_BT=valid).graph_count
+            torch._dynamo.reset()
             fn = torch.compile(model)
             t0 = time.perf_counter()
             got = grad(fn)  # the first call compiles
-            rows.append(dict(arm=name, first_call_s=time.perf_counter() - t0, graphs=graphs[name],
+            rows.append(dict(arm=name, first_call_s=time.perf_counter() - t0, graphs=graphs,
                              grad_max_abs_diff=float((got - ref).abs().max())))
 
         def compiled(fn=fn, ctx=ctx):
@@ -359,9 +355,10 @@ def bench_compile(args, clock) -> list[dict]:
                 return grad(fn)
 
         arms[name] = compiled
-    # all three timed in one interleaved run. Compiling the second arm makes the first recompile once, in the
-    # untimed warm-up round; then dynamo keeps both arms' graphs side by side (its guards on r3.moe's functions tell
-    # them apart) and no call recompiles (seen with torch._dynamo's graph counter at CI size)
+    # all three timed in one interleaved run. The second arm's reset dropped the first arm's graphs (it clears
+    # dynamo's caches, so that each arm's first call is a cold compile), and the first arm recompiles in the untimed
+    # warm-up round; then both arms' graphs live side by side (dynamo's guards on r3.moe's functions tell them
+    # apart) and no call recompiles (seen with torch._dynamo's graph counter at CI size)
     t = interleaved(clock, {"eager": lambda: grad(model), **arms}, args.reps)
     for r in rows:
         r.update(ms=t[r["arm"]] * 1e3, speedup=t["eager"] / t[r["arm"]], batch=B, seq=T,
