@@ -464,13 +464,10 @@ def cpu_hint(entry: Entry, root: str = ROOT) -> str | None:
     so: kernels differ between CPU generations, so a mismatch there may be the machine's, not the code's."""
     here = cpu_name()
     for c in entry.checks:
-        try:
-            with open(reference(entry, c.file, root)) as f:
-                d = json.load(f)
-        except (OSError, ValueError):
+        path = reference(entry, c.file, root)
+        if not os.path.isfile(path):
             continue  # check() has named what is wrong with the file itself
-        prov = d.get("provenance") if isinstance(d, dict) else None
-        made = prov.get("cpu") if isinstance(prov, dict) else None
+        made = made_on(path)
         if made != here:
             return (f"note: {c.file} was made on {made or 'a CPU its provenance does not name (before 2026-12-04)'}, "
                     f"checked here on {here}: numbers from a model are bit-reproducible on the kind of CPU they were "
