@@ -40,11 +40,12 @@ def main(argv=None) -> dict:
     task = make_task(args.task)
     model, desc = load_model(args.preset, path=args.model, dense=args.dense, task=task, task_spec=args.task,
                              warmup_steps=args.warmup_steps, init_seed=args.model_seed, cache_dir=args.cache_dir,
-                             arch=args.arch, progress=not args.no_progress)
+                             arch=args.arch, progress=not args.no_progress, warmup_until=args.warmup_until)
     print(f"model: {desc}")
     t1 = time.time()
     batch, _ = rollout(model, task, num_prompts=args.prompts_per_step, group_size=args.group_size,
-                       dtype=args.rollout_dtype, seed=args.seed, temperature=args.temperature, top_p=args.top_p,
+                       dtype=args.rollout_dtype, router_levels=args.router_levels, seed=args.seed,
+                       temperature=args.temperature, top_p=args.top_p,
                        max_new_tokens=args.max_new_tokens,
                        keep_logp_V=not args.no_mismatch and model.cfg.vocab_size <= FULL_VOCAB_MAX)
     batch.meta.update(task=args.task, model=desc, model_digest=model_digest(model))  # train.py --rollouts checks it

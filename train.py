@@ -55,7 +55,11 @@ from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_outpu
 from r3.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
                       without_pass)
 from r3.tasks import make_task
-from r3.warmup import preset_config
+from r3.warmup import preset_config, warmup_info
+
+
+# run-defining fields added after runs were saved without them; their default (None) is what those runs did
+NEWER_FIELDS = ("warmup_until", "router_levels")
 
 
 def main(argv=None):
@@ -112,6 +116,7 @@ class Run:
     folder: RunFolder | None        # rank 0: OUT, locked for the life of the process
     tb: object | None = None        # --tensorboard writer
     oracle: Engine | None = None    # --fidelity-every: an fp32 engine, the on-policy reference
+    trainer_engine: Engine | None = None  # --eval-trainer: an fp32 engine of the trainer's weights
     examples: list | None = None    # the step's prompts (kept by `collect` for `fidelity`)
     step_start: dict | None = None  # --on-collapse stop, one process: the state the current step started from
     t0: float = 0.0
@@ -269,6 +274,12 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
         m.update(evaluate(run.engine, run.task, run.heldout, max_new_tokens=run.max_new, eos_ids=run.eos_ids,
                           pad_id=run.pad_id, samples=cfg.eval_samples, temperature=cfg.temperature, top_p=cfg.top_p,
                           generator=torch.Generator(device=run.device).manual_seed(cfg.seed)))
+        if cfg.eval_trainer:  # the trainer's weights in fp32: the policy without the engine's numerics
+            run.trainer_engine = run.trainer_engine or Engine(run.model, "fp32")
+            run.trainer_engine.sync(run.model)
+            m["eval/accuracy_greedy_trainer"] = evaluate(
+                run.trainer_engine, run.task, run.heldout, max_new_tokens=run.max_new, eos_ids=run.eos_ids,
+                pad_id=run.pad_id, samples=0)["eval/accuracy_greedy"]
     m["symptoms"] = run.guard.check(m)
     m["step_time"] = time.perf_counter() - t0
     if run.lead:
@@ -426,7 +437,8 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
             open(run.path("metrics.jsonl"), "w").close()
             atomic_write_json(run.path("args.json"), asdict(cfg))
             atomic_write_json(run.path("run.json"), dict(model=asdict(p.model.cfg), world_size=world,
-                                                         warmup_checkpoint=p.warm_path))
+                                                         warmup_checkpoint=p.warm_path,
+                                                         warmup=warmup_info(p.warm_path) if p.warm_path else None))
     return run, start
 
 
@@ -467,6 +479,7 @@ def resume(run: Run) -> int:
         return 0
     try:
         saved = json.load(open(run.path("args.json")))
+        saved = {**{k: None for k in NEWER_FIELDS}, **saved}  # a run saved before a field existed had its default
         changes = check_resume(saved, asdict(run.cfg), RUN_DEFINING, allow=set(run.cfg.allowed_changes()))
         start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
                                        engine=run.engine if run.cfg.engine == "local" else None)

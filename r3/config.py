@@ -38,6 +38,7 @@ MAX_PROMPTS, MAX_GROUP, MAX_ROWS, MAX_THREADS = 1 << 16, 1 << 10, 1 << 20, 1 << 
 PROMPTS = _domain(f"in [1, {MAX_PROMPTS}]", lambda v: 1 <= v <= MAX_PROMPTS)
 GROUP = _domain(f"in [1, {MAX_GROUP}]", lambda v: 1 <= v <= MAX_GROUP)
 SAMPLES = _domain(f"in [0, {MAX_GROUP}]", lambda v: 0 <= v <= MAX_GROUP)
+ROUTER_LEVELS = _domain("odd, in [3, 65535]", lambda v: 3 <= v <= 65535 and v % 2 == 1)
 THREADS = _domain(f"in [1, {MAX_THREADS}]", lambda v: 1 <= v <= MAX_THREADS)
 
 
@@ -56,7 +57,11 @@ class SamplingConfig:
     task: str = flag("cipher", "toy task: cipher | sort | reverse | add, optionally NAME:MIN-MAX (input length); "
                              "or jsonl:FILE")
     warmup_steps: int = flag(80, "supervised warm-up steps for a preset before RL (cached and shared; 0 = random "
-                                 "init)", domain=INT_GE0)
+                                 "init); with --warmup-until, the most it may take", domain=INT_GE0)
+    warmup_until: float | None = flag(None, "start-matched seeds: warm up until the sampled reward on a fixed probe "
+                                            "set (r3/warmup.py) reaches this, checked every 5 steps, at most "
+                                            "--warmup-steps steps; the count is recorded in OUT/run.json",
+                                      domain=PROB)
     seed: int = flag(0, "seed of the prompts and of sampling (and of init and warm-up, unless --init-seed)",
                      domain=INT_GE0)
     init_seed: int | None = flag(None, "seed of the preset's init and warm-up (default: --seed)", domain=INT_GE0)
@@ -66,6 +71,11 @@ class SamplingConfig:
     rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8, fp8-channel, fp8-router, int4, "
                                       "fp4, mxfp4 = simulated low-bit serving weights (r3/quant.py)",
                               choices=sorted(ROLLOUT_DTYPES))
+    router_levels: int | None = flag(None, "the routing-mismatch dial, engine only: round the engine's router "
+                                           "weight per row to the N-point symmetric grid (r3/quant.py router_grid; "
+                                           "N = 2^B - 1 is int-B: 3 ternary, 7 int3, 15 int4) in place of what "
+                                           "--rollout-dtype does to it; the trainer never sees it. An amplifier of "
+                                           "the engine's routing mismatch, not a real engine", domain=ROUTER_LEVELS)
     temperature: float = flag(1.0, "sampling temperature (the trainer scores at the same)", domain=POSITIVE)
     top_p: float = flag(1.0, "nucleus sampling threshold (1 = off)", domain=PROB)
     max_new_tokens: int | None = flag(None, "response length limit (default: the task's; jsonl: 1024)",
@@ -81,6 +91,11 @@ class SamplingConfig:
         """Cross-field rules; raises ValueError. Field domains are checked by `parse` (and `check_domains`)."""
         if self.model and self.dense:
             raise ValueError("--dense builds the dense twin of a toy preset; a checkpoint has no dense twin")
+        if self.router_levels is not None and self.dense:
+            raise ValueError("--router-levels rounds the engine's router weight; --dense has no router")
+        if self.warmup_until is not None and (self.model or self.warmup_steps == 0):
+            raise ValueError("--warmup-until warms a preset up (at most --warmup-steps >= 1 steps); a --model "
+                             "checkpoint is not warmed up")
         if self.prompts_per_step * self.group_size > MAX_ROWS:
             raise ValueError(f"--prompts-per-step {self.prompts_per_step} × --group-size {self.group_size} = "
                              f"{self.prompts_per_step * self.group_size} rows per step; at most {MAX_ROWS}")
@@ -114,6 +129,9 @@ class TrainConfig(SamplingConfig):
                                "--eval-prompts prompts training never draws (0 = never)", domain=INT_GE0)
     eval_prompts: int = flag(256, "held-out prompts (the same set for every seed and arm)", domain=PROMPTS)
     eval_samples: int = flag(4, "sampled responses per held-out prompt (plus one greedy)", domain=SAMPLES)
+    eval_trainer: bool = flag(False, "also evaluate the trainer's own greedy accuracy (an fp32 copy of the weights: "
+                                     "no rollout numerics, no --router-levels) beside the engine's, as "
+                                     "eval/accuracy_greedy_trainer")
     eval_task: str | None = flag(None, "jsonl:FILE of held-out prompts (default: the task's own held-out split)")
     dump_every: int = flag(50, "every N steps write a sample dump, OUT/samples/stepN (a few rows with per-token "
                                "engine vs trainer log-probs and flipped layers; read it with python -m r3.inspect "
@@ -205,6 +223,12 @@ class TrainConfig(SamplingConfig):
                 raise ValueError(f"--engine: {e}, or local") from None
         if self.allow_other_model and not self.rollouts:
             raise ValueError("--allow-other-model applies to --rollouts only")
+        if self.eval_trainer and (self.model or not self.eval_every):
+            raise ValueError("--eval-trainer evaluates a toy preset's trainer beside its engine: it needs "
+                             "--eval-every >= 1 and no --model")
+        if self.router_levels is not None and (self.engine != "local" or self.rollouts):
+            raise ValueError("--router-levels sets the in-process engine's router; a server engine or --rollouts "
+                             "samples with numerics this run does not set")
         if self.engine != "local" and (self.rollouts or self.dense):
             raise ValueError("--engine samples with a server: drop --rollouts / --dense (a server engine returns "
                              "routes for an MoE)")
@@ -240,8 +264,9 @@ class TrainConfig(SamplingConfig):
 
 
 # The fields that define a run: a --resume that changes one is refused unless --allow-change names it.
-RUN_DEFINING = ("preset", "model", "dense", "task", "warmup_steps", "seed", "init_seed", "prompts_per_step",
-                "group_size", "rollout_dtype", "temperature", "top_p", "max_new_tokens", "replay", "lr", "lr_warmup",
+RUN_DEFINING = ("preset", "model", "dense", "task", "warmup_steps", "warmup_until", "router_levels", "seed",
+                "init_seed", "prompts_per_step", "group_size", "rollout_dtype", "temperature", "top_p",
+                "max_new_tokens", "replay", "lr", "lr_warmup",
                 "grad_clip", "mini_steps", "loss", "old_logp", "clip_low", "clip_high", "is_correction", "is_cap",
                 "engine", "rollouts", "shards", "logprob_chunk", "guard_reward_drop", "guard_kl_max", "on_collapse")
 

@@ -10,6 +10,8 @@ Here the difference is made the way it arises there, never by injected noise:
         The router, norms and embeddings stay bf16, as fp8 checkpoints usually keep them.
   fp8-channel, fp8-router, int4, fp4 (NVFP4), mxfp4: the other low-bit serving formats, each a weight round trip
         computed in bf16; their error models are in `r3/quant.py`.
+  router_levels=N (any dtype): the routing-mismatch dial, the engine's router weight alone rounded per row to an
+        N-point grid (`r3.quant.router_grid`), in place of what the dtype does to the router. An amplifier.
 
 `generate` prefills each prompt once, expands its KV cache (and the routes stored with it) to the G samples of
 its GRPO group, then decodes one token at a time. It returns a `Batch` whose `routes` hold, for every fed
@@ -26,7 +28,7 @@ import torch
 from r3.batch import Batch
 from r3.model import Attention, KVCache, Transformer
 from r3.moe import Experts
-from r3.quant import FORMATS, quantise
+from r3.quant import FORMATS, is_router_weight, quantise, router_grid
 
 ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                   **{fmt: torch.bfloat16 for fmt in FORMATS}}  # low-bit formats: dequantised weights, bf16 compute
@@ -54,9 +56,12 @@ def ordinary(batch: Batch) -> Batch:
 
 
 class Engine:
-    def __init__(self, model: Transformer, dtype: str = "bf16"):
+    def __init__(self, model: Transformer, dtype: str = "bf16", router_levels: int | None = None):
         if dtype not in ROLLOUT_DTYPES:
             raise ValueError(f"unknown rollout dtype {dtype!r}; choose from {sorted(ROLLOUT_DTYPES)}")
+        if router_levels is not None and model.cfg.dense:
+            raise ValueError("router_levels rounds the router weight; a dense model has no router")
+        self.router_levels = router_levels
         self.dtype_name = dtype
         self.dtype = ROLLOUT_DTYPES[dtype]
         self.model = copy.deepcopy(model).to(self.dtype).eval().requires_grad_(False)
@@ -70,9 +75,12 @@ class Engine:
     @torch.no_grad()
     def sync(self, model: Transformer) -> None:
         """Weight sync trainer → engine: cast (and quantise, for the low-bit formats) the trainer's current
-        weights."""
+        weights; with router_levels, the router weight is rounded from the trainer's fp32 weight instead."""
         src = dict(model.named_parameters())
         for name, p in self.model.named_parameters():
+            if self.router_levels is not None and is_router_weight(name):
+                p.copy_(router_grid(src[name].detach().float(), self.router_levels).to(self.dtype))
+                continue
             w = src[name].detach().to(self.dtype)
             p.copy_(quantise(self.dtype_name, name, w) if self.dtype_name in FORMATS else w)
 
@@ -122,6 +130,8 @@ class Engine:
         meta = dict(rollout_dtype=self.dtype_name, prompt_len=Lp, group_size=G, temperature=temperature,
                     top_p=top_p, prefill_tokens_computed=P * Lp, prefill_tokens_requested=B * Lp,
                     num_experts=None if cfg.dense else cfg.num_experts)
+        if self.router_levels is not None:
+            meta["router_levels"] = self.router_levels
         batch = Batch(tokens=tokens, attn_mask=attn_mask, response_mask=response_mask, rollout_logp=rollout_logp,
                       routes=routes, rewards=torch.zeros(B), group=torch.arange(P).repeat_interleave(G),
                       rollout_logp_V=rollout_logp_V, meta=meta)

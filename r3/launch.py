@@ -68,7 +68,8 @@ def load_policy_and_task(cfg: TrainConfig, world: int, device: torch.device) -> 
     task = make_task(cfg.task)
     model_cfg = preset_config(cfg.preset, task, dense=cfg.dense)
     check_fits([task], model_cfg, cfg.max_new_tokens)  # before the warm-up caches weights for it
-    model, warm_path = warmed_up_model(model_cfg, task, cfg.task, steps=cfg.warmup_steps, seed=cfg.model_seed)
+    model, warm_path = warmed_up_model(model_cfg, task, cfg.task, steps=cfg.warmup_steps, seed=cfg.model_seed,
+                                       until=cfg.warmup_until)
     heldout = heldout_examples(task, cfg.eval_prompts) if cfg.eval_every else []
     return Policy(model, make_rollout_engine(cfg, model), None, task, (EOS,), PAD, heldout, warm_path)
 
@@ -85,7 +86,7 @@ def check_fits(tasks: list, model_cfg, max_new_tokens: int | None) -> None:
 def make_rollout_engine(cfg: TrainConfig, model):
     """The in-process engine (a cast copy of `model`), or a client of an SGLang / vLLM server (`--engine`)."""
     if cfg.engine == "local":
-        return Engine(model, cfg.rollout_dtype)
+        return Engine(model, cfg.rollout_dtype, router_levels=cfg.router_levels)
     return make_engine(cfg.engine, model.cfg, wait=cfg.engine_wait, timeout=cfg.engine_timeout,
                        weights_dir=cfg.weights_dir or os.path.join(cfg.out_dir(), "engine_weights"),
                        weights_dtype=torch.float32 if cfg.rollout_dtype == "fp32" else torch.bfloat16)

@@ -20,6 +20,13 @@ Error model per element, with a = max |w| over the scale's block (the bound the 
                widest grid gap, 4↔6, plus the scale's own e4m3 rounding).
   mxfp4        OCP MXFP4: e2m1 in groups of 32 with a power-of-two (e8m0) scale 2^(floor(log2 a) − 2); values above
                6·scale clamp to it, so |w − ŵ| ≤ a/2 at worst (the format's known clipping of the group maximum).
+
+The routing-mismatch dial (`router_grid`, train.py / rollout.py `--router-levels N`): the engine's router weight alone
+rounded to the N-point symmetric grid {-k, ..., k} x a/k, N = 2k + 1, one scale per output row (per expert);
+|w − ŵ| ≤ a/(2k). N = 2^B − 1 is symmetric int-B (3: ternary int2, 7: int3, 15: int4). It replaces whatever the
+format does to the router (fp8-router's e4m3) and nothing else, so the engine's routes move with N while its
+experts, attention and head keep the format's numerics; the trainer never sees it. It is an amplifier of the
+routing mismatch real engines have, tied to the weights (not noise), not a format any engine serves.
 Left out: activation quantisation (W8A8 / W4A8), KV-cache quantisation, outlier handling (AWQ scaling, GPTQ's
 error feedback); e2m1 ties round to the lower grid point rather than to even.
 """
@@ -91,6 +98,19 @@ def fake_quant_mxfp4(w: torch.Tensor, group: int = 32) -> torch.Tensor:
     return (_round_e2m1(x / scale) * scale).reshape(w.shape).to(w.dtype)
 
 
+def router_grid(w: torch.Tensor, points: int) -> torch.Tensor:
+    """Round each row to the `points`-point symmetric grid (odd, >= 3; the routing dial, see the module docstring)."""
+    if points < 3 or points % 2 == 0:
+        raise ValueError(f"router grid points must be odd and >= 3, got {points}")
+    k = (points - 1) // 2
+    scale = _amax(w, -1) / k
+    return ((w.float() / scale).round().clamp(-k, k) * scale).to(w.dtype)
+
+
+def is_router_weight(name: str) -> bool:
+    return name.endswith(ROUTER_SUFFIX)
+
+
 def is_matmul_weight(name: str) -> bool:
     """Matmul weights that quantised serving stores low-bit; router (`mlp.gate.`), norms and embeddings are not."""
     return name.endswith("_proj.weight") or name.endswith("_proj") or name == "lm_head.weight"
@@ -110,6 +130,6 @@ FORMATS = {
 def quantise(fmt: str, name: str, w: torch.Tensor) -> torch.Tensor:
     """The weight the engine holds for parameter `name` under format `fmt` (unchanged where the format keeps it)."""
     fn, router = FORMATS[fmt]
-    if is_matmul_weight(name) or (router and name.endswith(ROUTER_SUFFIX)):
+    if is_matmul_weight(name) or (router and is_router_weight(name)):
         return fn(w)
     return w

@@ -14,6 +14,15 @@ are written atomically (temp, fsync, rename). Left out: other code the warm-up c
 by its version), so an edit elsewhere in r3 that changed the warm-up's numbers would need one of these files to
 change too. `load_model` is the one entry point for rollout.py and the experiments: a preset (warmed up) or a
 safetensors checkpoint.
+
+Start-matched seeds (`until`, train.py `--warmup-until R`): a fixed number of steps leaves some init seeds far
+lower than others on a steep supervised curve, and a run that starts low may never climb. With `until`, every
+PROBE_EVERY steps (every step once a probe has passed half of R: the supervised curve is steep there, 0.2 to 0.4 in
+five steps) the model samples PROBE_PROMPTS training prompts x PROBE_SAMPLES (one fixed set and generator,
+the same for every seed, on the fp32 engine: no rollout numerics), and the warm-up stops at the first check whose
+mean reward reaches R, or at `steps`, the cap. The learning-rate schedule is the cap's, so the steps taken are
+those of a `steps`-step warm-up cut short. The count and the probe's reward are in the cache file's metadata
+(`warmup_info`), which train.py copies into OUT/run.json.
 """
 import dataclasses
 import fcntl
@@ -32,6 +41,7 @@ from r3.model import PRESETS, ModelConfig, Transformer, build_model
 from r3.tasks import EOS, PAD, Task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PROBE_EVERY, PROBE_PROMPTS, PROBE_SAMPLES, PROBE_SEED = 5, 64, 2, 7_777
 WARMUP_SOURCES = tuple(os.path.join(HERE, f) for f in ("model.py", "moe.py", "warmup.py", "tasks.py", "checkpoint.py"))
 
 
@@ -67,12 +77,35 @@ def sft_tensors(examples, pad_id: int = PAD):
     return tokens, valid, target[:, 1:]
 
 
+def probe_reward(model: Transformer, task: Task) -> float:
+    """Mean sampled reward of the model (fp32 engine, temperature 1) on the fixed probe set of `--warmup-until`."""
+    from r3.collect import reward_batch  # r3.collect imports the engine, which imports the model: not at the top
+    from r3.engine import Engine
+    g = torch.Generator().manual_seed(PROBE_SEED)
+    examples = task.sample(PROBE_PROMPTS, g, split="train")
+    batch = Engine(model, "fp32").generate([e.prompt for e in examples], max_new_tokens=task.max_new_tokens,
+                                           eos_ids=(EOS,), pad_id=PAD, group_size=PROBE_SAMPLES, generator=g)
+    reward_batch(task, batch, examples)
+    return float(batch.rewards.mean())
+
+
 def supervised_warmup(model: Transformer, task: Task, *, steps: int, batch_size: int = 64, lr: float = 3e-3,
-                      seed: int = 0, progress: bool = True) -> list[float]:
+                      seed: int = 0, progress: bool = True, until: float | None = None,
+                      probes: list | None = None) -> list[float]:
+    """`steps` supervised steps (cosine to 10 % of lr); with `until`, stop at the first probe (every PROBE_EVERY
+    steps, every step from half of `until` on) whose reward reaches it. `probes` (a list) receives (steps done,
+    probe reward) per probe."""
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses = []
+    losses, near = [], False
     for step in tqdm(range(steps), desc="warm-up", disable=not progress, leave=False):
+        if until is not None and (step % PROBE_EVERY == 0 or near):
+            reward = probe_reward(model, task)
+            if probes is not None:
+                probes.append((step, reward))
+            if reward >= until:
+                break
+            near = reward >= until / 2  # the curve is steep: from half-way on, a probe every step
         tokens, valid, target = sft_tensors(task.sample(batch_size, g))
         logits, _ = model(tokens[:, :-1], valid_BT=valid[:, :-1])
         nll = F.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], reduction="none")
@@ -84,6 +117,9 @@ def supervised_warmup(model: Transformer, task: Task, *, steps: int, batch_size:
             group["lr"] = lr * (0.55 + 0.45 * torch.cos(torch.tensor(step / steps * torch.pi)).item())
         opt.step()
         losses.append(loss.item())
+    else:
+        if until is not None and probes is not None:  # the cap: the reward it ends at
+            probes.append((steps, probe_reward(model, task)))
     return losses
 
 
@@ -107,11 +143,14 @@ def stream_digest(task: Task, *, steps: int, batch_size: int, seed: int) -> str:
 
 
 def warmup_key(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int, seed: int, batch_size: int,
-               lr: float) -> dict:
+               lr: float, until: float | None = None) -> dict:
     """Everything that determines the warmed-up weights, as JSON gives it back (`checkpoint_config` reads `cfg`)."""
     key = dict(cfg=dataclasses.asdict(cfg), task=task_spec, steps=steps, seed=seed, batch_size=batch_size, lr=lr,
                threads=1, code=source_digest(), data=stream_digest(task, steps=steps, batch_size=batch_size, seed=seed),
                torch=torch.__version__, cpu=torch.backends.cpu.get_cpu_capability())
+    if until is not None:  # absent otherwise, so the fixed-step warm-ups keep their cache files
+        key["until"] = dict(reward=until, every=PROBE_EVERY, prompts=PROBE_PROMPTS, samples=PROBE_SAMPLES,
+                            seed=PROBE_SEED)
     return json.loads(json.dumps(key))
 
 
@@ -131,12 +170,12 @@ def _cached(model: Transformer, path: str, key: dict) -> tuple[Transformer | Non
 
 def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int, seed: int = 0,
                     batch_size: int = 64, lr: float = 3e-3, cache_dir: str = ".cache/warmup",
-                    progress: bool = True) -> tuple[Transformer, str]:
+                    progress: bool = True, until: float | None = None) -> tuple[Transformer, str]:
     """Build `cfg` from `seed`, warm it up on `task` (or load the cached result). Returns (model, path).
 
     Arms of a sweep start in parallel and share the cache: a lock on `PATH.lock` makes the first build it while the
     others wait, then load it (two writers of one cache file would race on its temporary file)."""
-    key = warmup_key(cfg, task, task_spec, steps=steps, seed=seed, batch_size=batch_size, lr=lr)
+    key = warmup_key(cfg, task, task_spec, steps=steps, seed=seed, batch_size=batch_size, lr=lr, until=until)
     path = os.path.join(cache_dir, hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
                         + ".safetensors")
     os.makedirs(cache_dir, exist_ok=True)
@@ -151,23 +190,35 @@ def warmed_up_model(cfg: ModelConfig, task: Task, task_spec: str, *, steps: int,
         model = build_model(cfg, seed)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # the result must not depend on the machine: MoE routing amplifies reduction order
+        probes = []
         try:
             if steps > 0:
-                supervised_warmup(model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
-                                  progress=progress)
+                losses = supervised_warmup(model, task, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                                           progress=progress, until=until, probes=probes)
         finally:
             torch.set_num_threads(threads)
         bad = [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
         if bad:
             raise RuntimeError(f"the supervised warm-up diverged: {len(bad)} parameter(s) non-finite after {steps} "
                                f"steps at lr {lr} (first {bad[0]}); nothing was cached")
-        save_weights(model, path, dict(key=key))
+        info = dict(steps=len(losses) if steps > 0 else 0)
+        if until is not None:
+            info.update(until=until, probe_reward=probes[-1][1], reached=probes[-1][1] >= until,
+                        probes=[[n, round(r, 4)] for n, r in probes])
+        save_weights(model, path, dict(key=key, warmup=info))
     return model, path
+
+
+def warmup_info(path: str) -> dict | None:
+    """What the warm-up cached at `path` did: {steps, and with --warmup-until: until, probe_reward, reached,
+    probes}; None for a file written before this was recorded."""
+    with safe_open(path, framework="pt") as f:
+        return json.loads((f.metadata() or {}).get("r3", "{}")).get("warmup")
 
 
 def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, task_spec: str, warmup_steps: int,
                init_seed: int, cache_dir: str = ".cache/warmup", arch: str | None = None,
-               progress: bool = True) -> tuple[Transformer, str]:
+               progress: bool = True, warmup_until: float | None = None) -> tuple[Transformer, str]:
     """Preset `spec` (built from init_seed, then warmed up on the task, cached), or the checkpoint at `path` when given:
     an HF folder, or a safetensors file (`r3.checkpoint.save_weights`; its architecture comes from its metadata, else
     from `arch`).
@@ -178,8 +229,10 @@ def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, t
         cfg = preset_config(spec, task, dense=dense)
         if warmup_steps > 0:
             model, path = warmed_up_model(cfg, task, task_spec, steps=warmup_steps, seed=init_seed,
-                                          cache_dir=cache_dir, progress=progress)
-            desc = f"preset {spec}{' (dense twin)' if dense else ''}, {warmup_steps} SFT warm-up steps on " \
+                                          cache_dir=cache_dir, progress=progress, until=warmup_until)
+            steps = warmup_steps if warmup_until is None else \
+                f"{(warmup_info(path) or {}).get('steps')} (until reward {warmup_until}, at most {warmup_steps})"
+            desc = f"preset {spec}{' (dense twin)' if dense else ''}, {steps} SFT warm-up steps on " \
                    f"{task_spec}, init seed {init_seed} ({path})"
         else:
             model, desc = build_model(cfg, init_seed), f"preset {spec}{' (dense twin)' if dense else ''}, " \
