@@ -7,6 +7,7 @@ One shared 16-token vocabulary:  0-9 digits | + | = | SORT | REV | <eos> | <pad>
 and 64 more symbols s0 .. s63 (ids 16-79) for the tasks that need a vocabulary with a tail:
   cipher   x1 .. xn =        →  PI(x1) .. PI(xn), <eos>   (PI: one fixed permutation; default n = 32)
   chain    s =               →  PI(s), PI(PI(s)), ... (T symbols), <eos>   (chain:T, default T = 256)
+  walk     s e =             →  any walk s → a1 → ... → aT = e on a fixed graph (out-degree 4), <eos>   (walk:T)
 A task's `vocab_size` is the vocabulary its model needs (`r3.warmup.preset_config` widens a preset to it).
 
 The cipher task is the headline setting's (README, "The headline"): after 80 supervised warm-up steps the toy
@@ -23,6 +24,13 @@ each answer token a function of the one before it (the cipher's 64-entry table).
 against PI of the token the response itself put before it (the EOS slot against EOS), so one slip costs one
 position rather than the rest of the answer. With 64 start symbols its held-out split holds 3 prompts.
 
+The walk task keeps entropy: many answers are right (at most 4 successors per symbol, and from a few steps before
+the end only those that can still reach e in time), so a policy that solves it need not become deterministic, unlike
+the one-answer cipher, whose mismatch vanishes as its entropy does. Its reward counts a position right when its
+symbol is a successor of the one the response put before it (the last one must also be e), and the EOS slot; the
+warm-up's reference answers are walks drawn uniformly among the right ones (`Walk.answer`). The graph (WALK_GRAPH)
+is fixed, strongly connected and aperiodic, so every (s, e) has right answers for any T >= WALK_MIN_T.
+
 Held-out split: `prompt_split(prompt)` puts about one prompt in EVAL_MOD in "eval", by a hash of its content, so the
 split is the same on every machine, seed and run. `sample(n, g, split="train")` never returns an eval prompt (it
 redraws); `split=None` (the default) draws from all prompts, the stream every earlier run used, bit for bit.
@@ -32,6 +40,7 @@ Tasks sit at the bottom of the import graph: they know token ids and rewards, no
 """
 import functools
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -200,12 +209,91 @@ def _chain(x: int, T: int) -> tuple[int, ...]:
     return tuple(answer)
 
 
-TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher, "chain": Chain}
+def _walk_graph(seed: int = 0, degree: int = 4) -> list[list[int]]:
+    """Each symbol's `degree` successors, drawn from the seed; the first draw (from `seed` up) that is strongly
+    connected and aperiodic (some power of the adjacency matrix is all positive) is the graph."""
+    while True:
+        g = torch.Generator().manual_seed(seed)
+        succ = [sorted(torch.randperm(SYMBOLS, generator=g)[:degree].tolist()) for _ in range(SYMBOLS)]
+        adj = torch.zeros(SYMBOLS, SYMBOLS, dtype=torch.float64)
+        for u, vs in enumerate(succ):
+            adj[u, vs] = 1.0
+        reach = torch.linalg.matrix_power(adj, SYMBOLS)
+        if bool((reach > 0).all()):
+            return succ
+        seed += 1
+
+
+WALK_GRAPH = _walk_graph()
+WALK_MIN_T = 8  # every (s, e) is joined by walks of every length >= this on WALK_GRAPH (tested)
+
+
+@functools.cache
+def _walk_counts(target: int, T: int) -> torch.Tensor:
+    """log of the number of walks of k steps from each symbol to `target`, k = 0..T: [T + 1, SYMBOLS] float64."""
+    logn = torch.full((T + 1, SYMBOLS), -math.inf, dtype=torch.float64)
+    logn[0, target] = 0.0
+    succ = torch.tensor(WALK_GRAPH)
+    for k in range(1, T + 1):
+        logn[k] = torch.logsumexp(logn[k - 1][succ], dim=-1)
+    return logn
+
+
+@functools.cache
+def _walk_steps(target: int, T: int) -> list:
+    """[k][u]: the cumulative probabilities of u's successors as the next step of a uniform right walk with k steps
+    left (python lists: read one at a time)."""
+    logn, succ = _walk_counts(target, T), torch.tensor(WALK_GRAPH)
+    out = [None]
+    for k in range(1, T + 1):
+        out.append(torch.softmax(logn[k - 1][succ], -1).cumsum(-1).tolist())
+    return out
+
+
+class Walk(Task):
+    """Walks of exactly T steps from s to e on WALK_GRAPH; see the module docstring."""
+    name = "walk"
+    vocab_size = len(VOCAB)
+    widens_positions = True
+    max_prompt_len = 3
+    max_answer_len = property(lambda self: self.max_len)
+
+    def example(self, g):
+        s, e = torch.randint(0, SYMBOLS, (2,), generator=g).tolist()
+        return Example([SYMBOL0 + s, SYMBOL0 + e, TOK["="]], self.answer(s, e, g))
+
+    def answer(self, s: int, e: int, g: torch.Generator) -> list[int]:
+        """A right answer drawn uniformly among all of them: each step weighs a successor by its walks left to e
+        (one uniform draw per step, against the successors' cumulative weights)."""
+        T, cum, out, u = self.max_len, _walk_steps(e, self.max_len), [], s
+        for k, x in zip(range(T, 0, -1), torch.rand(T, generator=g, dtype=torch.float64).tolist()):
+            row = cum[k][u]
+            i = next((j for j, c in enumerate(row) if x < c), len(row) - 1)
+            u = WALK_GRAPH[u][i]
+            out.append(SYMBOL0 + u)
+        return out
+
+    def reward(self, response: list[int], ex: Example) -> tuple[float, dict]:
+        got, T = list(response), self.max_len
+        target, hits, prev = ex.prompt[1], 0, ex.prompt[0]
+        for i, tok in enumerate(got[:T + 1]):
+            if i == T:
+                hits += tok == EOS
+                continue
+            ok = SYMBOL0 <= tok < len(VOCAB) and SYMBOL0 <= prev < len(VOCAB) and \
+                tok - SYMBOL0 in WALK_GRAPH[prev - SYMBOL0] and (i < T - 1 or tok == target)
+            hits += ok
+            prev = tok
+        right = hits == T + 1 and len(got) == T + 1
+        return hits / max(T + 1, len(got)), dict(exact=right)
+
+
+TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher, "chain": Chain, "walk": Walk}
 
 
 def make_task(spec: str) -> Task:
     """'cipher', 'sort', 'reverse', 'add', optionally with a length range: 'sort:6-10', 'cipher:32-32'; 'chain' or
-    'chain:T' (the answer length)."""
+    'chain:T', 'walk' or 'walk:T' (the answer length)."""
     name, _, rng = spec.partition(":")
     if name not in TASKS:
         raise InputError(f"unknown task {name!r}; choose from {sorted(TASKS)} (optionally NAME:MIN-MAX)")
@@ -213,6 +301,11 @@ def make_task(spec: str) -> Task:
         if rng and not (rng.isdigit() and int(rng) >= 1):
             raise InputError(f"bad answer length in task {spec!r}; expected e.g. 'chain:256'")
         return Chain(1, int(rng) if rng else 256)
+    if name == "walk":
+        if rng and not (rng.isdigit() and int(rng) >= WALK_MIN_T):
+            raise InputError(f"bad walk length in task {spec!r}; expected walk:T with T >= {WALK_MIN_T}, e.g. "
+                             f"'walk:64'")
+        return Walk(1, int(rng) if rng else 64)
     lo, hi = dict(add=(2, 4), cipher=(32, 32)).get(name, (6, 10))
     if rng:
         try:
