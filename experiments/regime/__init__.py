@@ -1,0 +1,11 @@
+"""The regime study (issue 37): the toy moved into the regime where train/inference mismatch breaks RL, measured
+there before any RL run, then R3 against no replay along a routing-mismatch dial.
+
+  design.py     everything fixed before measuring: dial positions, depth and steps rules, cells, rule, tests,
+                predictions
+  measure.py    the regime quantities of one (model, setting): flips, |log r| quantiles, kl, length, entropy, S
+  calibrate.py  the regime table and calibration (results/regime/regime.*)
+  grid.py       the grid's runs, per-run numbers and tests;  run_grid.py  runs it and writes its tables
+Run it as `python -m experiments.regime` (see __main__.py). Imports: r3 and experiments' shared runner and
+statistics, and experiments.staleness's collapse rule (used unchanged).
+"""
