@@ -7,7 +7,7 @@ Each measurement is one small JSON in OUT/measure/ (committed), made once and re
   fixed80-sS            the natural position on a fixed 80-step warm-up: the start without start-matching
   depthL-sS             the deep shape at L layers, natural fp8-router, for the depth rule
   walkT-sS              walk:T at the paper-matched position, for the walk length rule
-The steps pilot (r3 at the strongest position, 1000 steps) runs in OUT/pilot-runs; the walk learnability demo (the
+The steps pilot (r3 at the strongest position, 1000 steps) runs in RUNS/pilot, its records in OUT/pilot-records; the walk learnability demo (the
 oracle engine on walk:T for 200 steps) beside the grid's oracle runs. Seeds run in parallel (--jobs), one thread each.
 """
 import json
@@ -140,12 +140,13 @@ def steps_rule(rows_by_seed: list[list[dict]]) -> dict:
     return dict(plateau_step=plateau, steps=chosen, curve=dict(zip(steps, mean)))
 
 
-def pilot_runs(out: str, jobs: int, grid_runs) -> tuple[list, list]:
-    """The steps pilot: r3 at the strongest position, PILOT_SEEDS, PILOT_STEPS, its own folders."""
-    runs = [grid_runs(f"{design.STRONGEST}/r3/n4", s, os.path.join(out, "pilot-runs"), design.PILOT_STEPS)
+def pilot_runs(out: str, runs_dir: str, jobs: int, grid_runs) -> tuple[list, list]:
+    """The steps pilot: r3 at the strongest position, PILOT_SEEDS, PILOT_STEPS, its own folders (RUNS/pilot) and
+    records (OUT/pilot-records, committed)."""
+    runs = [grid_runs(f"{design.STRONGEST}/r3/n4", s, os.path.join(runs_dir, "pilot"), design.PILOT_STEPS)
             for s in design.PILOT_SEEDS]
     records = os.path.join(out, "pilot-records")
-    run_all(runs, jobs=jobs, log_dir=os.path.join(out, "pilot-runs", "logs"), records=records)
+    run_all(runs, jobs=jobs, log_dir=os.path.join(runs_dir, "pilot", "logs"), records=records)
     return runs, [finished(o, flags, n, records)[1] for o, flags, n in runs]
 
 
@@ -215,7 +216,7 @@ def main(args, t0: float) -> dict:
     pilot = None
     if "pilot" not in args.skip:
         from experiments.regime.grid import cell_run
-        rows = pilot_runs(out, args.jobs, cell_run)[1]
+        rows = pilot_runs(out, args.runs_dir, args.jobs, cell_run)[1]
         pilot = steps_rule(rows)
     depth = depth_rule(res)
     if "depth" not in args.skip:
