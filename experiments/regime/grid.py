@@ -3,7 +3,7 @@
   cell_run(cell, seed, ...)    (run folder, train.py flags, steps) of one run of cell SETTING/ARM/nN
   run_row(head, rows)          a run's numbers (RULE_TEXT): collapse step, best / final held-out, held-out area,
                                largest drawdown, max grad norm, mean kl and its trend, flips over training
-  tests(cells, ...)            TESTS_TEXT's pairs: Fisher on collapse counts, paired permutation on held-out area and
+  compare(cells, paper)        TESTS_TEXT's pairs: Fisher on collapse counts, paired permutation on held-out area and
                                drawdown
   answer(ts)                   the Holm-corrected reading at 4 mini-steps and SELECTION_TEXT's pick
 Runs are the sweep's (experiments/sweep.py): resumable, records in OUT/records that the tables are made from.
@@ -102,7 +102,7 @@ def _paired(a: dict, b: dict, key: str) -> tuple[float | None, float, int]:
     return (statistics.fmean(diffs) if diffs else None), paired_permutation_test(diffs), len(diffs)
 
 
-def tests(cells: dict, paper: str) -> list[dict]:
+def compare(cells: dict, paper: str) -> list[dict]:
     res = []
     for a, b in pairs(list(cells), paper):
         ca, cb = cells[a], cells[b]

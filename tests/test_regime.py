@@ -1,0 +1,126 @@
+"""What this proves: the regime study's cells differ from their neighbours in exactly the flag they are named by
+(arms: --replay; positions: --router-levels; the clipped update: the clip flags), its measurement reports the
+mismatch the trainer's own metrics report (the oracle ~0, R3 below no replay under a strong dial), and its rules
+(paper-matched position, depth, steps, intervals, per-run numbers, tests and the Holm-corrected answer) compute what
+design.py says they do."""
+import math
+
+import pytest
+import torch
+
+from experiments.regime import design
+from experiments.regime.calibrate import closest, depth_rule, interval, steps_rule
+from experiments.regime.grid import answer, cell_run, compare, kl_trend, run_row
+from experiments.regime.measure import Spec, measure
+from r3.model import build_model
+from r3.tasks import make_task
+from r3.warmup import preset_config
+
+
+def flags_of(cell, seed=0):
+    """{flag: value (True for a switch)} of one run's command line; a flag given twice would be a bug."""
+    argv, out = cell_run(cell, seed, "R", 600, paper="lv15", walk_T=64)[1], {}
+    for i, tok in enumerate(argv):
+        if tok.startswith("--"):
+            assert tok not in out, tok
+            out[tok] = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
+    return out
+
+
+def diff(a, b):
+    fa, fb = flags_of(a), flags_of(b)
+    return {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
+
+
+def test_cells_differ_in_exactly_their_flag():
+    assert diff("lv3/none/n4", "lv3/r3/n4") == {"--replay"}
+    assert diff("lv3/r2/n4", "lv3/r3/n4") == {"--replay"}
+    assert diff("lv3/none/n4", "lv3/none/n1") == {"--mini-steps"}
+    assert diff("lv3/none/n4", "lv7/none/n4") == {"--router-levels"}
+    assert diff("lv3/none/n4", "natural/none/n4") == {"--router-levels"}
+    assert diff("natural/none/n4", "oracle/none/n4") == {"--rollout-dtype"}
+    assert diff("lv3/none/n4", "lv3-clip/none/n4") == {n for n, _ in design.CLIP_FLAGS}
+    assert diff("natural/none/n4", "deep/none/n4") == {"--preset"}
+    assert diff("lv15/none/n4", "walk/none/n4") == {"--task"}
+    assert flags_of("lv3/none/n4", 5)["--seed"] == "5" and flags_of("lv3/none/n4")["--warmup-until"] == "0.3"
+    cells = [c for tier in design.tier_cells("lv15").values() for c in tier]
+    assert len(cells) == len(set(cells)) and len(design.tier_cells("lv15")[1]) == 13
+
+
+@pytest.fixture(scope="module")
+def toy():
+    task = make_task("cipher:8-8")
+    return build_model(preset_config("toy", task), 0), task
+
+
+def test_measure_reports_the_mismatch_of_its_engine(toy):
+    model, task = toy
+    oracle = measure(model, task, Spec("o", "cipher:8-8", "fp32", None), prompts=8, samples=4)
+    strong = measure(model, task, Spec("s", "cipher:8-8", "fp8-router", 3), prompts=8, samples=4)
+    assert oracle["kl"] < 1e-9 and oracle["router_flip_rate"] == 0
+    assert strong["router_flip_rate"] > 0.1 and strong["kl_r3"] < strong["kl"]
+    assert strong["abs_log_ratio_q50"] <= strong["abs_log_ratio_q90"] <= strong["abs_log_ratio_q99.9"]
+    assert strong["exposure"] == pytest.approx(strong["response_length"] * strong["kl"])
+    assert strong["tokens"] > 0 and 0 <= strong["token_flip_rate"] <= 1
+
+
+def test_interval_is_a_t_interval():
+    r = interval([1.0, 2.0, 3.0])
+    assert r["mean"] == 2.0 and r["hi"] - 2.0 == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    assert interval([None, 1.0])["lo"] is None and interval([])["mean"] is None
+
+
+def test_paper_matched_position_is_the_closest_router_flip_rate():
+    table = {p: {"start": {"router_flip_rate": {"mean": v}}} for p, v in
+             zip(design.POSITIONS, (0.02, 0.07, 0.14, 0.2, 0.4))}
+    assert closest(table, "router_flip_rate", 0.10) == "lv15"
+
+
+def test_depth_rule_takes_the_shallowest_depth_that_passes():
+    res = {f"depth-{L}-s{s}": {"token_flip_rate": v} for L, v in ((6, 0.6), (12, 0.88), (24, 0.93))
+           for s in design.DEPTH_SEEDS}
+    assert depth_rule(res) == dict(depth=24, measured={6: 0.6, 12: 0.88, 24: 0.93}, decided=True)
+    del res["depth-24-s1"]
+    assert depth_rule(res)["decided"] is False
+
+
+def test_steps_rule():
+    rows = [[dict(step=s, **{"eval/accuracy": a}) for s, a in zip((49, 99, 149, 199), accs)]
+            for accs in ((0.1, 0.5, 0.8, 0.81), (0.1, 0.5, 0.8, 0.79))]
+    r = steps_rule(rows)
+    assert r["plateau_step"] == 149 and r["steps"] == design.MIN_STEPS  # 149 + 1 + 100 -> 300 -> at least 600
+    late = [[dict(step=s, **{"eval/accuracy": s / 1000}) for s in range(49, 1000, 50)]] * 2
+    assert steps_rule(late)["steps"] == design.PILOT_STEPS
+
+
+def rows_of(kls, accs):
+    return [dict(step=i, reward=0.5, loss=0.0, grad_norm=1.0, kl=k, **({"eval/accuracy": accs[i // 50]}
+                                                                      if i % 50 == 49 else {}))
+            for i, k in enumerate(kls)]
+
+
+def test_run_row_numbers():
+    rows = rows_of([1e-3] * 100 + [1e-2] * 100, [0.2, 0.6, 0.1, 0.05])
+    r = run_row("abc", rows)
+    assert r["kl_trend"] == pytest.approx(1.0) and r["heldout_area"] == pytest.approx(0.2375)
+    assert r["max_drawdown"] == pytest.approx(0.55) and r["collapse_step"] == 149 and r["best_heldout"] == 0.6
+    assert kl_trend([dict(step=0, kl=None)]) is None
+
+
+def test_tests_and_answer_read_the_predicted_direction():
+    fell, held = rows_of([1e-3] * 200, [0.2, 0.6, 0.1, 0.05]), rows_of([1e-3] * 200, [0.2, 0.6, 0.7, 0.8])
+    cells = {}
+    for p in design.POSITIONS:
+        n_fell = 8 if p == design.STRONGEST else 0
+        for arm, runs in (("none", {s: run_row(None, fell if s < n_fell else held) for s in range(8)}),
+                          ("r3", {s: run_row(None, held) for s in range(8)})):
+            cells[f"{p}/{arm}/n4"] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()),
+                                          n=8, runs=runs)
+    ts = compare(cells, "lv15")
+    a = answer(ts, complete=True)
+    strong = next(r for r in a["positions"] if r["position"] == design.STRONGEST)
+    assert strong["p"] == pytest.approx(2 / math.comb(16, 8)) and strong["r3_holds"]  # 8/8 vs 0/8: two tables
+    assert strong["p_holm"] == pytest.approx(min(1.0, 5 * strong["p"]))
+    assert a["pick"]["position"] == design.STRONGEST and a["separates"]
+    assert not any(r["r3_holds"] for r in a["positions"] if r["position"] != design.STRONGEST)
+    assert not answer(ts, complete=False)["separates"]
