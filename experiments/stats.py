@@ -4,6 +4,8 @@
                                  (the sum of the hypergeometric probabilities no larger than the observed table's,
                                  SciPy's `fisher_exact` convention)
   paired_permutation_test(diffs)  two-sided p of paired differences (sign flips), experiments/numerics.py
+  logistic_fit(xs, ys)           (a, b) of a one-variable logistic regression (Newton, a small ridge on b);
+                                 crossing(a, b) where it reaches 0.5, bootstrap_crossing its interval over runs
   permutation_test(xs, ys)       two-sided p of the difference in means of two samples: the fraction of the
                                  relabellings of the pooled values whose |mean difference| is at least the
                                  observed one; exact over every split up to EXACT_MAX splits, else Monte Carlo
@@ -71,3 +73,45 @@ def paired_permutation_test(diffs: list[float], seed: int = 0) -> float:
     hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) / n >= observed - PAIRED_TOL
                for _ in range(MC_DRAWS))
     return (hits + 1) / (MC_DRAWS + 1)
+
+
+def logistic_fit(xs: list[float], ys: list[int], ridge: float = 1e-4, iters: int = 100) -> tuple[float, float]:
+    """(a, b) of P(y = 1 | x) = 1 / (1 + exp(-(a + b x))), by Newton's method with a small ridge on b (so complete
+    separation gives a steep finite slope, not a diverging one). xs, ys: one entry per run."""
+    a, b = 0.0, 0.0
+    for _ in range(iters):
+        ga, gb, haa, hab, hbb = 0.0, -ridge * b, 1e-12, 0.0, ridge
+        for x, y in zip(xs, ys):
+            p = 1 / (1 + math.exp(-max(-500.0, min(500.0, a + b * x))))
+            w = p * (1 - p)
+            ga, gb = ga + (y - p), gb + (y - p) * x
+            haa, hab, hbb = haa + w, hab + w * x, hbb + w * x * x
+        det = haa * hbb - hab * hab
+        if det <= 0:
+            break
+        da, db = (hbb * ga - hab * gb) / det, (haa * gb - hab * ga) / det
+        a, b = a + da, b + db
+        if abs(da) < 1e-10 and abs(db) < 1e-10:
+            break
+    return a, b
+
+
+def crossing(a: float, b: float, level: float = 0.5) -> float | None:
+    """The x at which a logistic fit (a, b) reaches `level`; None when its slope is not positive."""
+    return (math.log(level / (1 - level)) - a) / b if b > 0 else None
+
+
+def bootstrap_crossing(xs: list[float], ys: list[int], draws: int = 2000, seed: int = 0, level: float = 0.5,
+                       lo: float = 0.0, hi: float = 1.0) -> dict:
+    """The 2.5 and 97.5 % points of `crossing` over fits to runs resampled with replacement; a draw whose crossing
+    is undefined or outside [lo, hi] counts as 'not reached' (its share is reported)."""
+    rng = random.Random(seed)
+    found, n = [], len(xs)
+    for _ in range(draws):
+        idx = [rng.randrange(n) for _ in range(n)]
+        c = crossing(*logistic_fit([xs[i] for i in idx], [ys[i] for i in idx]), level)
+        if c is not None and lo <= c <= hi:
+            found.append(c)
+    found.sort()
+    pick = lambda q: found[min(len(found) - 1, int(q * len(found)))] if found else None  # noqa: E731
+    return dict(lo=pick(0.025), hi=pick(0.975), not_reached=1 - len(found) / draws, draws=draws)

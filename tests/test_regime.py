@@ -6,7 +6,6 @@ design.py says they do."""
 import math
 
 import pytest
-import torch
 
 from experiments.regime import design
 from experiments.regime.calibrate import closest, depth_rule, interval, steps_rule
@@ -124,3 +123,40 @@ def test_tests_and_answer_read_the_predicted_direction():
     assert a["pick"]["position"] == design.STRONGEST and a["separates"]
     assert not any(r["r3_holds"] for r in a["positions"] if r["position"] != design.STRONGEST)
     assert not answer(ts, complete=False)["separates"]
+
+
+def test_grid_report_and_figures_from_finished_runs(tmp_path):
+    """The grid's tables, dose-response and figures from synthetic finished runs (a partial grid included)."""
+    from experiments.regime import plots
+    from experiments.regime.run_grid import deep_steps, dose, report_md, survival, walk_length
+    start = {p: {"start": {k: {"mean": v} for k, v in (("router_flip_rate", 0.03 + 0.1 * i),
+                                                        ("token_flip_rate", 0.1 + 0.2 * i), ("exposure", 0.1 * i))}}
+             for i, p in enumerate([*design.POSITIONS, "oracle"])}
+    cal = dict(table=start, paper_matched="lv15", pilot=dict(steps=600), depth=dict(decided=True),
+               timing=dict(step_time_s=dict(deep=4.0)), walk={"64": {"exposure": {"mean": 0.4}}})
+    assert deep_steps(cal, 600) == 400 and walk_length(cal) is None  # 8 h / (16 runs x 4 s x 1.1) = 409 steps
+    fell, held = rows_of([1e-3] * 200, [0.2, 0.6, 0.1, 0.05]), rows_of([1e-3] * 200, [0.2, 0.6, 0.7, 0.8])
+    cells, rows_by = {}, {}
+    for i, p in enumerate(design.POSITIONS):
+        for arm in ("none", "r3"):
+            runs = {}
+            for s in range(8 if p != "natural" else 3):  # partial at the weakest position
+                rows = fell if arm == "none" and s < 2 * i else held
+                runs[s], rows_by[f"{p}/{arm}/n4", s] = run_row("c", rows), rows
+            cells[f"{p}/{arm}/n4"] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()),
+                                          n=len(runs), runs=runs)
+    data = dict(rule="R", tests_text="T", selection_text="S", predictions=("P",), common="--x", steps=600,
+                deep_steps=550, seeds=list(range(8)), tiers=[1], complete={1: False}, paper_matched="lv15",
+                settings={p: v["start"] for p, v in start.items()}, cells=cells,
+                tests=compare(cells, "lv15"), answer=answer(compare(cells, "lv15"), False), dose=dose(cells, cal),
+                survival=survival(cells, 600))
+    d = data["dose"]["router_flip_rate/none"]
+    assert d["b"] > 0 and 0 < d["x50"] < 1 and d["x50_interval"]["draws"] == 2000
+    assert data["dose"]["router_flip_rate/r3"]["collapsed"] == 0
+    assert data["survival"]["lv3/none/n4"][0] == [0, 1.0] and data["survival"]["lv3/none/n4"][-1] == [600, 0.0]
+    settings = {p: {k: v["mean"] for k, v in s.items()} for p, s in data["settings"].items()}
+    md = report_md({**data, "settings": settings})
+    assert "**partial: 70 of 80 runs finished**" in md and "| lv3/none/n4 |" in md and "provisional" in md
+    plots.grid_figure(cells, rows_by, cal, str(tmp_path / "grid.png"))
+    plots.dose_figure(data, cal, str(tmp_path / "dose.png"))
+    assert (tmp_path / "grid.png").stat().st_size > 10_000 and (tmp_path / "dose.png").stat().st_size > 10_000

@@ -7,8 +7,9 @@ Each measurement is one small JSON in OUT/measure/ (committed), made once and re
   fixed80-sS            the natural position on a fixed 80-step warm-up: the start without start-matching
   depthL-sS             the deep shape at L layers, natural fp8-router, for the depth rule
   walkT-sS              walk:T at the paper-matched position, for the walk length rule
-The steps pilot (r3 at the strongest position, 1000 steps) runs in RUNS/pilot, its records in OUT/pilot-records; the walk learnability demo (the
-oracle engine on walk:T for 200 steps) beside the grid's oracle runs. Seeds run in parallel (--jobs), one thread each.
+The steps pilot (r3 at the strongest position, 1000 steps) runs in RUNS/pilot, its records in OUT/pilot-records; the
+walk demo (the oracle engine on walk:64 and on the cipher, DEMO_STEPS steps, seeds 0 and 1) in RUNS/demo, its records
+in OUT/demo-records. Measurements run in parallel (--jobs), one thread each.
 """
 import json
 import os
@@ -190,6 +191,32 @@ def timing(args) -> dict:
                 "alternated, one thread, no evaluation, fidelity or dumps (the grid's other flags)")
 
 
+DEMO_STEPS, DEMO_SEEDS, DEMO_TASKS = 300, (0, 1), ("walk:64", "cipher:32-32")
+
+
+def walk_demo(out: str, runs_dir: str, jobs: int) -> dict:
+    """Does the toy learn walk:64 under the oracle engine, and does its entropy stay above the cipher's? Both tasks,
+    the grid's oracle/none/n4 flags otherwise: held-out accuracy by evaluation, and the mean entropy of the last 50
+    steps that measured it."""
+    from experiments.regime.grid import cell_run
+    from experiments.staleness import set_flag
+    runs = {}
+    for task in DEMO_TASKS:
+        for s in DEMO_SEEDS:
+            o, flags, n = cell_run("oracle/none/n4", s, os.path.join(runs_dir, "demo"), DEMO_STEPS)
+            runs[task, s] = (f"{o}-{task.split(':')[0]}", set_flag(flags, "--task", task), n)
+    records = os.path.join(out, "demo-records")
+    run_all(list(runs.values()), jobs=jobs, log_dir=os.path.join(runs_dir, "demo", "logs"), records=records)
+    res = {}
+    for (task, s), r in runs.items():
+        rows = finished(*r, records)[1]
+        ent = [x["entropy"] for x in rows if x["step"] >= DEMO_STEPS - 50 and x.get("entropy") is not None]
+        res.setdefault(task, []).append(dict(
+            seed=s, heldout=[[x["step"], x["eval/accuracy"]] for x in rows if x.get("eval/accuracy") is not None],
+            first_entropy=rows[0]["entropy"], final_entropy=statistics.fmean(ent), final_reward=rows[-1]["reward"]))
+    return res
+
+
 def calibrate_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -231,6 +258,7 @@ def main(args, t0: float) -> dict:
                                      for s in design.DEPTH_SEEDS], args.jobs))
     walk = {T: summarise(res, "walk", str(T), design.DEPTH_SEEDS) for T in design.WALK_LENGTHS
             if f"walk-{T}-s{design.DEPTH_SEEDS[0]}" in res}
+    demo = walk_demo(out, args.runs_dir, args.jobs) if "walk" not in args.skip else None
     from r3.model import PRESETS
     preset_ok = depth["decided"] and PRESETS.get("qwen3-routing") == deep_config(depth["depth"], vocab=16)
     if depth["decided"] and not preset_ok:
@@ -245,7 +273,7 @@ def main(args, t0: float) -> dict:
                 warmup_cap=design.WARMUP_CAP, common=design.COMMON, seeds=seeds,
                 measure=dict(prompts=design.MEASURE_PROMPTS, samples=design.MEASURE_SAMPLES, seed=design.MEASURE_SEED))
     data = dict(design=plan, paper=design.PAPER, table=table, paper_matched=paper, token_matched=token_matched,
-                depth=depth, deep_shapes=deep_shapes(), walk=walk, pilot=pilot, timing=timed, starts=starts,
-                complete=all(x not in args.skip for x in ("depth", "after", "pilot")))
+                depth=depth, deep_shapes=deep_shapes(), walk=walk, walk_demo=demo, pilot=pilot, timing=timed,
+                starts=starts, complete=all(x not in args.skip for x in ("depth", "after", "pilot", "walk")))
     report.write_regime(out, data, t0)
     return data

@@ -81,7 +81,10 @@ def tier_cells(paper: str, deep: bool = True, walk: bool = True) -> dict:
     return {1: t1, 2: t2, 3: t3}
 
 
-DEEP_BUDGET_CORE_H = 8.0  # the deep cell's 16 runs; fewer steps if R3 plateaus sooner (said so in the report)
+DEEP_BUDGET_CORE_H = 8.0  # the deep cell's 16 runs
+DEEP_STEPS_TEXT = ("the deep cell runs the grid's steps, or fewer when 16 runs of them would exceed 8 core-hours at "
+                   "the deep preset's measured step time (regime.json timing; the grid's evaluations and fidelity "
+                   "add about a tenth, counted): then the most steps, a multiple of 50, that fit")
 
 # ------------------------------------------------------------------------------------------- rule and tests
 RULE_TEXT = ("sustained collapse (experiments.staleness's rule, unchanged) = first step where held-out accuracy <= "

@@ -79,6 +79,15 @@ def write_regime(out: str, data: dict, t0: float) -> None:
                             [f"| {T} | " + " | ".join(fmt(w[k]["mean"]) for k in ("kl", "response_length", "exposure",
                                                                                   "entropy", "reward")) + " |"
                              for T, w in data["walk"].items()])]
+    if data.get("walk_demo"):
+        rows = []
+        for task, runs in data["walk_demo"].items():
+            for r in runs:
+                rows.append(f"| {task} | {r['seed']} | {', '.join(f'{a:.2f}' for _, a in r['heldout'])} | "
+                            f"{r['first_entropy']:.2f} | {r['final_entropy']:.2f} | {r['final_reward']:.3f} |")
+        parts += ["The walk task learns and keeps its entropy (the oracle engine, the grid's oracle/none/n4 flags "
+                  "otherwise):", "\n".join(["| task | seed | held-out accuracy at each evaluation | entropy, step 0 | "
+                                             "entropy, last 50 steps | reward, last step |", "|---" * 6 + "|"] + rows)]
     if data.get("pilot"):
         p = data["pilot"]
         parts += ["## Steps per run", f"Rule: {design.STEPS_TEXT}.",

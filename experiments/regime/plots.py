@@ -1,0 +1,95 @@
+"""The regime grid's figures: every run's held-out curve per cell (grid.png), and the dose-response with survival
+curves (dose.png)."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from experiments.regime import design
+
+ARM_COLORS = {"none": "tab:red", "r3": "tab:blue", "r2": "tab:green"}
+
+
+def grid_figure(cells: dict, rows_by: dict, cal: dict, path: str) -> None:
+    """Rows: the arms (none, r3, then the other cells); columns: the dial positions. Every run is a line (thicker
+    when it collapsed by the sustained rule); the title gives the position's measured flips and the count."""
+    positions = list(design.POSITIONS)
+    extra = [c for c in cells if c.split("/")[0] not in positions or c.split("/")[1] == "r2"
+             or c.split("/")[2] != "n4"]
+    layout = [[f"{p}/{a}/n4" for p in positions] for a in ("none", "r3")]
+    layout += [extra[i:i + len(positions)] for i in range(0, len(extra), len(positions))]
+    fig, axes = plt.subplots(len(layout), len(positions), figsize=(3.4 * len(positions), 2.6 * len(layout)),
+                             sharex=True, sharey=True, squeeze=False)
+    for i, row in enumerate(layout):
+        for j in range(len(positions)):
+            ax = axes[i][j]
+            if j >= len(row):
+                ax.axis("off")
+                continue
+            c = row[j]
+            e = cells.get(c, dict(collapsed=0, n=0, runs={}))
+            color = ARM_COLORS.get(c.split("/")[1], "0.4")
+            for s, r in e["runs"].items():
+                pts = [(x["step"], x["eval/accuracy"]) for x in rows_by.get((c, s), []) if x.get("eval/accuracy")
+                       is not None]
+                if pts:
+                    fell = r["collapse_step"] is not None
+                    ax.plot(*zip(*pts), color=color, lw=1.6 if fell else 0.7, alpha=0.9 if fell else 0.5,
+                            ls="-" if not fell else "--")
+            setting = c.split("/")[0].split("-")[0]
+            flips = cal["table"].get(setting, {}).get("start", {}).get("token_flip_rate", {}).get("mean")
+            mark = " (paper)" if setting == cal["paper_matched"] else ""
+            ax.set_title(f"{c}{mark}\n{'' if flips is None else f'tokens flipped {flips:.0%}, '}"
+                         f"{e['collapsed']}/{e['n']} fell", fontsize=8)
+            ax.set_ylim(-0.02, 1.02)
+            if j == 0:
+                ax.set_ylabel("held-out accuracy")
+            if i == len(layout) - 1:
+                ax.set_xlabel("step")
+    fig.suptitle("every run: held-out accuracy (sampled by the engine); dashed and thick: a sustained collapse",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def dose_figure(data: dict, cal: dict, path: str) -> None:
+    import math
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    paper_x = {"router_flip_rate": design.PAPER["router_flip_rate"], "token_flip_rate": design.PAPER["token_flip_rate"]}
+    for ax, quantity in zip(axes[:2], ("router_flip_rate", "token_flip_rate")):
+        for arm in ("none", "r3"):
+            e = data["dose"].get(f"{quantity}/{arm}")
+            if not e:
+                continue
+            rate = [sum(1 for r in data["cells"].get(f"{p}/{arm}/n4", {}).get("runs", {}).values()
+                        if r["collapse_step"] is not None) / max(1, data["cells"].get(f"{p}/{arm}/n4", {}).get("n", 0))
+                    for p in design.POSITIONS if data["cells"].get(f"{p}/{arm}/n4", {}).get("n")]
+            pos_x = [cal["table"][p]["start"][quantity]["mean"] for p in design.POSITIONS
+                     if data["cells"].get(f"{p}/{arm}/n4", {}).get("n")]
+            ax.plot(pos_x, rate, "o", color=ARM_COLORS[arm], label=f"{arm}: collapse rate")
+            grid = [i / 100 for i in range(0, 101)]
+            ax.plot(grid, [1 / (1 + math.exp(-max(-500, min(500, e["a"] + e["b"] * x)))) for x in grid],
+                    color=ARM_COLORS[arm], lw=1)
+            ax.plot([x for x, _ in e["area"]], [a for _, a in e["area"]], "x", color=ARM_COLORS[arm], alpha=0.4,
+                    label=f"{arm}: held-out area, each run")
+        ax.axvline(paper_x[quantity], color="0.3", ls=":", lw=1, label="the paper's measured value")
+        ax.set_xlabel(f"{quantity.replace('_', ' ')} at the start of RL (regime table)")
+        ax.set_ylim(-0.03, 1.03)
+        ax.set_xlim(0, 1)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    for c, pts in data["survival"].items():
+        setting, arm, n = c.split("/")
+        if n != "n4" or setting not in design.POSITIONS or arm not in ("none", "r3"):
+            continue
+        xs, ys = zip(*pts)
+        ax.step(xs, ys, where="post", color=ARM_COLORS[arm], alpha=0.3 + 0.7 * list(design.POSITIONS).index(setting)
+                / (len(design.POSITIONS) - 1), lw=1, label=c)
+    ax.set_xlabel("step")
+    ax.set_ylabel("fraction not collapsed")
+    ax.set_title("survival at 4 mini-steps (darker: stronger dial)", fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,176 @@
+"""Run the regime grid and write its tables: `python -m experiments.regime --grid` / `--report`.
+
+Reads OUT/regime.json (the committed calibration: the paper-matched position, the deep preset's depth and step time,
+the walk length, the steps per run); refuses to start without it. Runs tier by tier, seed-major within a tier, so a
+partial grid is balanced; finished runs leave records in OUT/records (committed), from which every table is made.
+Writes OUT/grid.{json,md,png} and OUT/dose.png (collapse and held-out area against the measured flip rates, the
+logistic fits, survival curves).
+"""
+import json
+import os
+
+from experiments.common import fmt, write_results
+from experiments.regime import design
+from experiments.regime.grid import _mean, answer, cell_entry, cell_run, compare, run_row
+from experiments.stats import bootstrap_crossing, crossing, logistic_fit
+from experiments.sweep import finished, run_all
+from r3.errors import InputError
+
+
+def calibration(out: str) -> dict:
+    path = os.path.join(out, "regime.json")
+    if not os.path.exists(path):
+        raise InputError(f"{path} is missing: run `python -m experiments.regime` (the calibration) and commit it "
+                         f"before the grid")
+    with open(path) as f:
+        cal = json.load(f)
+    if not cal.get("pilot"):
+        raise InputError(f"{path} has no steps pilot yet: finish the calibration first")
+    return cal
+
+
+def deep_steps(cal: dict, steps: int) -> int:
+    """DEEP_STEPS_TEXT."""
+    t = (cal.get("timing") or {}).get("step_time_s", {}).get("deep")
+    if t is None:
+        return steps
+    fit = int(design.DEEP_BUDGET_CORE_H * 3600 / (16 * t * 1.1)) // 50 * 50
+    return min(steps, fit)
+
+
+def walk_length(cal: dict) -> int | None:
+    """The walk length rule (design.WALK_LENGTHS): the shortest T whose S reaches 3, else None (tier 3 not run)."""
+    for T, w in sorted((int(k), v) for k, v in (cal.get("walk") or {}).items()):
+        if w["exposure"]["mean"] is not None and w["exposure"]["mean"] >= design.PAPER["exposure"][0]:
+            return T
+    return None
+
+
+def plan(args, cal: dict) -> list[tuple]:
+    steps, paper, walk_T = cal["pilot"]["steps"], cal["paper_matched"], walk_length(cal)
+    tiers = design.tier_cells(paper, deep=bool(cal["depth"]["decided"]), walk=walk_T is not None)
+    out = []
+    for tier in sorted(args.tiers):
+        for s in args.seeds:
+            for c in tiers[tier]:
+                n = deep_steps(cal, steps) if c.startswith("deep/") else steps
+                out.append((tier, c, s, *cell_run(c, s, args.runs_dir, n, paper=paper, walk_T=walk_T)))
+    return out
+
+
+def dose(cells: dict, cal: dict) -> dict:
+    """Collapse against each position's measured flip rates (start of RL), per arm at 4 mini-steps: the logistic fit
+    and where no replay's fitted collapse rate passes 0.5, with its bootstrap interval."""
+    res = {}
+    for quantity in ("router_flip_rate", "token_flip_rate"):
+        for arm in ("none", "r3"):
+            xs, ys, area = [], [], []
+            for p in design.POSITIONS:
+                x = cal["table"][p]["start"][quantity]["mean"]
+                for r in cells.get(f"{p}/{arm}/n4", {}).get("runs", {}).values():
+                    xs.append(x)
+                    ys.append(int(r["collapse_step"] is not None))
+                    area.append((x, r["heldout_area"]))
+            if not xs:
+                continue
+            a, b = logistic_fit(xs, ys)
+            entry = dict(a=a, b=b, x50=crossing(a, b), runs=len(xs), collapsed=sum(ys), area=area)
+            if arm == "none" and any(ys):
+                entry["x50_interval"] = bootstrap_crossing(xs, ys)
+            res[f"{quantity}/{arm}"] = entry
+    return res
+
+
+def survival(cells: dict, steps: int) -> dict:
+    """Per cell, the fraction of runs not yet collapsed at each collapse step (1 at 0; the last value at the end)."""
+    out = {}
+    for c, d in cells.items():
+        n, falls = d["n"], sorted(r["collapse_step"] for r in d["runs"].values() if r["collapse_step"] is not None)
+        if n:
+            out[c] = [[0, 1.0]] + [[s, 1 - (i + 1) / n] for i, s in enumerate(falls)] + [[steps, 1 - len(falls) / n]]
+    return out
+
+
+def main(args, t0: float) -> dict:
+    from experiments.regime import plots
+    cal = calibration(args.out)
+    runs = plan(args, cal)
+    records = os.path.join(args.out, "records")
+    if not args.report:
+        run_all([(o, f, n) for _, _, _, o, f, n in runs], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
+                records=records)
+    done, rows_by = {}, {}
+    for tier, c, s, o, f, n in runs:
+        if (rec := finished(o, f, n, records)) is not None:
+            done.setdefault(c, {})[s] = run_row(rec[0]["commit"], rec[1])
+            rows_by[c, s] = rec[1]
+    names = list(dict.fromkeys(c for _, c, *_ in runs))
+    cells = {c: cell_entry(done.get(c, {})) for c in names}
+    complete = {t: all(cells[c]["n"] == len(args.seeds) for tt, c, *_ in runs if tt == t) for t in args.tiers}
+    ts = compare(cells, cal["paper_matched"])
+    ans = answer(ts, complete.get(1, False))
+    dr = dose(cells, cal)
+    surv = survival(cells, cal["pilot"]["steps"])
+    data = dict(rule=design.RULE_TEXT, tests_text=design.TESTS_TEXT, selection_text=design.SELECTION_TEXT,
+                predictions=design.PREDICTIONS, common=design.COMMON, steps=cal["pilot"]["steps"],
+                deep_steps=deep_steps(cal, cal["pilot"]["steps"]), seeds=list(args.seeds), tiers=args.tiers,
+                complete=complete, paper_matched=cal["paper_matched"],
+                settings={p: dict(points=design.POSITIONS.get(p), **{k: cal["table"][p]["start"][k]["mean"] for k in
+                                                                  ("router_flip_rate", "token_flip_rate", "exposure")})
+                          for p in cal["table"]},
+                cells=cells, tests=ts, answer=ans, dose=dr, survival=surv)
+    md = report_md(data)
+    write_results(os.path.join(args.out, "grid.json"), data, md=md, t0=t0)
+    plots.grid_figure(cells, rows_by, cal, os.path.join(args.out, "grid.png"))
+    plots.dose_figure(data, cal, os.path.join(args.out, "dose.png"))
+    print(md)
+    return data
+
+
+def report_md(d: dict) -> str:
+    done = sum(c["n"] for c in d["cells"].values())
+    total = len(d["cells"]) * len(d["seeds"])
+    status = "complete" if done == total else f"**partial: {done} of {total} runs finished**"
+    parts = [f"# The regime grid ({status})", f"Rule (fixed before any run): {d['rule']}.",
+             f"Every run: `{d['common']}` with its cell's flags; {d['steps']} steps (deep: {d['deep_steps']}); seeds "
+             f"{d['seeds']}; tiers {d['tiers']}; paper-matched position {d['paper_matched']}.",
+             "| cell | routers / tokens flipped (start) | collapsed | best / final held-out (mean) | held-out area | "
+             "max drawdown (mean) | median max grad norm | mean kl | kl trend (mean) |\n" + "|---" * 9 + "|"]
+    for c, e in d["cells"].items():
+        rs = list(e["runs"].values())
+        s = d["settings"].get(c.split("/")[0].split("-")[0], {})
+        mean = lambda k: fmt(_mean([r[k] for r in rs]))  # noqa: E731
+        gn = sorted(r["max_grad_norm"] for r in rs if r["max_grad_norm"] is not None)
+        falls = sorted(r["collapse_step"] for r in rs if r["collapse_step"] is not None)
+        parts[-1] += (f"\n| {c} | {fmt(s.get('router_flip_rate'))} / {fmt(s.get('token_flip_rate'))} | "
+                      f"{e['collapsed']} of {e['n']}{' @ ' + str(falls) if falls else ''} | {mean('best_heldout')} / "
+                      f"{mean('final_heldout')} | {mean('heldout_area')} | {mean('max_drawdown')} | "
+                      f"{fmt(gn[len(gn) // 2] if gn else None)} | {mean('mean_kl')} | {mean('kl_trend')} |")
+    parts += ["## Tests", f"Pre-registered: {d['tests_text']}.",
+              "\n".join(["| a | b | metric | a vs b | effect (a - b) | p |", "|---|---|---|---|---|---|"] +
+                        [f"| {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])} | {t['p']:.3g} |"
+                         for t in d["tests"]])]
+    a = d["answer"]
+    parts += ["## The answer at 4 mini-steps (Holm over the five positions)",
+              "\n".join(["| position | none vs r3 collapsed | Fisher p | Holm p | held-out area (none - r3) | "
+                         "paired p | Holm p | R3 holds where no replay collapses |", "|---" * 8 + "|"] +
+                        [f"| {r['position']} | {r['counts']} | {r['p']:.3g} | {r['p_holm']:.3g} | "
+                         f"{fmt(r['area_effect'])} | {r['p_area']:.3g} | {r['p_area_holm']:.3g} | "
+                         f"{'yes' if r['r3_holds'] else 'no'} |" for r in a["positions"]])]
+    pick = a["pick"]
+    parts.append(f"Most separating setting ({d['selection_text']}): " + (
+        "no tests yet" if pick is None else f"{pick['position']} (p = {pick['p']:.3g}, Holm {pick['p_holm']:.3g}); "
+        + ("it becomes experiments.collapse's default" if a["separates"] else
+           "provisional: tier 1 is partial" if not a["complete"] else "it does not separate: the default stays")))
+    lines = []
+    for k, e in d["dose"].items():
+        iv = e.get("x50_interval")
+        lines.append(f"| {k} | {e['collapsed']} of {e['runs']} | {e['a']:.3g} | {e['b']:.3g} | {fmt(e['x50'])} | "
+                     + (f"[{fmt(iv['lo'])}, {fmt(iv['hi'])}], not reached in {iv['not_reached']:.0%} of draws"
+                        if iv else "—") + " |")
+    parts += ["## Dose-response (logistic fit of collapse on the position's flip rate at the start of RL)",
+              "\n".join(["| flip rate / arm | collapsed | a | b | 50 % at | 95 % interval (bootstrap) |",
+                         "|---|---|---|---|---|---|"] + lines)]
+    parts += ["## Predictions (pre-registered)", "\n".join(f"- {p}" for p in d["predictions"])]
+    return "\n\n".join(parts)
+
