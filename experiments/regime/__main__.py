@@ -3,6 +3,7 @@
   python -m experiments.regime                 # the regime table and calibration: results/regime/regime.{json,md,png}
   python -m experiments.regime --grid          # the grid (tiers 1, 2; --tiers 1 2 3), resumable, --jobs 2
   python -m experiments.regime --report        # the grid's tables and figure from the runs finished so far
+  python -m experiments.regime --start-only --seeds 0   # only seed 0's start-of-RL measurements (the quick check)
 
 The design (dial positions, depth rule, steps rule, cells, collapse rule, tests, predictions) is fixed in
 experiments/regime/design.py before any measurement; docs/regime.md reads the results.
@@ -26,10 +27,16 @@ def parse_args(argv=None):
     p.add_argument("--runs-dir", default=None, help="run folders (default OUT/runs; not committed)")
     p.add_argument("--skip", nargs="*", default=[], choices=["depth", "walk", "after", "pilot", "timing"],
                    help="calibration parts to leave out of this invocation (their rows stay pending)")
+    p.add_argument("--start-only", action="store_true",
+                   help="only the start-of-RL measurements of --seeds into OUT/measure (what the quick check remakes)")
+    p.add_argument("--records", default=None, help="--grid/--report: run records (default OUT/records)")
+    p.add_argument("--calibration", default=None, help="--grid/--report: regime.json (default OUT/regime.json)")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
     args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
+    args.records = args.records or os.path.join(args.out, "records")
+    args.calibration = args.calibration or os.path.join(args.out, "regime.json")
     return args
 
 

@@ -227,6 +227,8 @@ def main(args, t0: float) -> dict:
     names = list(design.POSITIONS) + ["oracle"]
     jobs = [("start", n, s, {}) for n in names for s in seeds] + [("fixed80", "natural", s, {}) for s in seeds]
     res = measure_all(out, jobs, args.jobs)
+    if args.start_only:
+        return res
     table = {n: dict(start=summarise(res, "start", n, seeds)) for n in names}
     dial = {n: table[n] for n in design.POSITIONS}
     paper = closest(dial, "router_flip_rate", design.PAPER["router_flip_rate"])

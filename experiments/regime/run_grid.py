@@ -17,8 +17,7 @@ from experiments.sweep import finished, run_all
 from r3.errors import InputError
 
 
-def calibration(out: str) -> dict:
-    path = os.path.join(out, "regime.json")
+def calibration(path: str) -> dict:
     if not os.path.exists(path):
         raise InputError(f"{path} is missing: run `python -m experiments.regime` (the calibration) and commit it "
                          f"before the grid")
@@ -93,9 +92,9 @@ def survival(cells: dict, steps: int) -> dict:
 
 def main(args, t0: float) -> dict:
     from experiments.regime import plots
-    cal = calibration(args.out)
+    cal = calibration(args.calibration)
     runs = plan(args, cal)
-    records = os.path.join(args.out, "records")
+    records = args.records
     if not args.report:
         run_all([(o, f, n) for _, _, _, o, f, n in runs], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
                 records=records)
