@@ -315,11 +315,19 @@ def test_bad_vllm_answers_and_weight_reload(fake, tmp_path):
         for c in r["choices"]:
             c.pop("token_ids")
         return r
+
+    def a_none_log_prob(r):
+        r["choices"][0]["logprobs"]["token_logprobs"][0] = None
+        return r
     fake.reply = vllm_reply("combined", extra_row)
     with pytest.raises(RemoteEngineError, match=r"v1/completions \(prompt 0, n=2\): .*need either"):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
     fake.reply = vllm_reply("split", no_token_ids)
     with pytest.raises(RemoteEngineError, match="no token_ids"):
+        make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
+    fake.reply = vllm_reply("split", a_none_log_prob)
+    with pytest.raises(RemoteEngineError, match=r"\(prompt 0, n=2\): choice 1: logprobs.token_logprobs\[0\] is None, "
+                                                r"not a log-probability"):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
     fake.reply = vllm_reply("split")
     eng = make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path))
