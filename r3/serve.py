@@ -45,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from r3.config import SamplingConfig
+from r3.config import INT_GE0, PORT, POSITIVE, THREADS, SamplingConfig, check_flags
 from r3.engine import ROLLOUT_DTYPES, Engine
 from r3.errors import run_main
 from r3.hf import CheckpointError, load_pretrained
@@ -337,7 +337,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_flags(ap, args, dict(port=PORT, threads=THREADS, warmup_steps=INT_GE0, seed=INT_GE0,
+                               test_unavailable=INT_GE0, test_stall=INT_GE0, test_stall_max=POSITIVE))
     if args.weights_root is not None and not os.path.isdir(args.weights_root):  # refused before any work
         sys.exit(f"error: --weights-root {args.weights_root}: no such folder (create it: the server loads weights "
                  f"only from inside it)")
