@@ -443,7 +443,8 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
 
 
 def check_launch(cfg: TrainConfig) -> str:
-    """Refusals that need no model (every rank decides the same); returns the run folder."""
+    """Refusals that need no model (every rank decides the same), a resume's changed run-defining flags among them;
+    returns the run folder."""
     if "RANK" in os.environ and not cfg.model:
         sys.exit("error: under torchrun, pass --model PATH (FSDP runs start from an HF checkpoint; the toy presets "
                  "run in one process)")
@@ -456,7 +457,21 @@ def check_launch(cfg: TrainConfig) -> str:
     check_output_folder(out, "--out")
     if os.path.exists(os.path.join(out, "metrics.jsonl")) and not (cfg.resume or cfg.overwrite):
         sys.exit(f"error: {out} already holds a run; pass --resume to continue it or --overwrite to replace it")
+    if cfg.resume and os.path.exists(os.path.join(out, "ckpt.pt")):
+        try:  # changed run-defining flags: refused before the warm-up builds anything (resume() checks again)
+            resume_changes(cfg, out)
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: cannot resume {out}: {e}")
     return out
+
+
+def resume_changes(cfg: TrainConfig, out: str) -> dict:
+    """The changes to run-defining flags since OUT/args.json that --allow-change allows; any other is refused
+    (RunFolderError naming each)."""
+    with open(os.path.join(out, "args.json")) as f:
+        saved = json.load(f)
+    saved = {**{k: None for k in NEWER_FIELDS}, **saved}  # a run saved before a field existed had its default
+    return check_resume(saved, asdict(cfg), RUN_DEFINING, allow=set(cfg.allowed_changes()))
 
 
 def open_folder(cfg: TrainConfig, out: str) -> RunFolder:
@@ -478,9 +493,7 @@ def resume(run: Run) -> int:
         print(f"no checkpoint in {run.out}; starting from scratch")
         return 0
     try:
-        saved = json.load(open(run.path("args.json")))
-        saved = {**{k: None for k in NEWER_FIELDS}, **saved}  # a run saved before a field existed had its default
-        changes = check_resume(saved, asdict(run.cfg), RUN_DEFINING, allow=set(run.cfg.allowed_changes()))
+        changes = resume_changes(run.cfg, run.out)
         start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
                                        engine=run.engine if run.cfg.engine == "local" else None)
         kept = check_steps([r for r in read_metrics(run.path("metrics.jsonl")) if r["step"] < start])

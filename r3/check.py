@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from r3.batch import Batch, TENSORS, load_batch, rollout_folders
-from r3.config import RolloutConfig
+from r3.config import INT_GE0, THREADS, RolloutConfig, check_flags
 from r3.errors import InputError, run_main
 from r3.moe import RoutesError
 from r3.metrics import kl_k3
@@ -246,6 +246,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the report here")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     args = ap.parse_args(argv)
+    check_flags(ap, args, dict(warmup_steps=INT_GE0, init_seed=INT_GE0, threads=THREADS))
     torch.set_num_threads(args.threads)
     report = check_alignment(load_checker_model(args).float().eval(), find_batches(args.rollouts))
     print(render(report))

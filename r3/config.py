@@ -40,6 +40,7 @@ GROUP = _domain(f"in [1, {MAX_GROUP}]", lambda v: 1 <= v <= MAX_GROUP)
 SAMPLES = _domain(f"in [0, {MAX_GROUP}]", lambda v: 0 <= v <= MAX_GROUP)
 ROUTER_LEVELS = _domain("odd, in [3, 65535]", lambda v: 3 <= v <= 65535 and v % 2 == 1)
 THREADS = _domain(f"in [1, {MAX_THREADS}]", lambda v: 1 <= v <= MAX_THREADS)
+PORT = _domain("in [0, 65535] (0 = a free one)", lambda v: 0 <= v <= 65535)
 
 
 def flag(default, help: str, *, choices=None, domain=None, alias: str | None = None, required: bool = False):
@@ -300,6 +301,15 @@ def check_domains(config) -> None:
         text, ok = domain
         if isinstance(value, float) and math.isnan(value) or not ok(value):
             raise ValueError(f"--{f.name.replace('_', '-')} must be {text}, got {value}")
+
+
+def check_flags(p: argparse.ArgumentParser, args: argparse.Namespace, domains: dict) -> None:
+    """The scripts with their own argparse block (r3.check, r3.inspect, r3.serve): refuse a flag outside its domain
+    (`domains`: {dest: domain}) as `parse` does, in one line with exit status 2, before any work."""
+    for dest, (text, ok) in domains.items():
+        value = getattr(args, dest)
+        if value is not None and (isinstance(value, float) and math.isnan(value) or not ok(value)):
+            p.exit(2, f"{p.prog}: error: --{dest.replace('_', '-')} must be {text}, got {value}\n")
 
 
 def build_parser(cls, description: str) -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ import base64
 import binascii
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -224,6 +225,9 @@ def vllm_sample(prompt_ids: list[int], completion, cfg, *, prompt_routes=None, r
         if len(lps) != len(out):
             raise InputError(f"vLLM CompletionOutput.logprobs: {len(lps)} entries for {len(out)} output tokens")
         for i, (d, t) in enumerate(zip(lps, out)):
+            if not isinstance(d, Mapping):
+                raise InputError(f"vLLM CompletionOutput.logprobs[{i}] is {d!r}, not a {{token_id: Logprob}} dict "
+                                 f"for output token {i} (id {t}); request logprobs for every sampled token")
             if t not in d:
                 raise InputError(f"vLLM CompletionOutput.logprobs[{i}] has no entry for the sampled token {t} "
                                  f"(has {sorted(d)[:5]}); request logprobs for the sampled token")

@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from r3.batch import Batch, load_batch, save_batch
+from r3.config import INT_GE0, THREADS, check_flags
 from r3.errors import InputError, MissingInputError, run_main
 from r3.io import atomic_write, atomic_write_json
 from r3.metrics import extreme_frac, kl_k3, masked_mean
@@ -325,7 +326,10 @@ def parse_args(argv=None):
     g.add_argument("--init-seed", type=int, default=0, help="seed of the preset's init and warm-up")
     g.add_argument("--cache-dir", default=".cache/warmup", help="warm-up cache")
     g.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_flags(p, args, dict(step=INT_GE0, rows=INT_GE0, png_rows=INT_GE0, warmup_steps=INT_GE0, init_seed=INT_GE0,
+                              threads=THREADS))
+    return args
 
 
 def load_source(args) -> tuple[Batch, dict, str, str | None]:

@@ -24,7 +24,7 @@ import uuid
 
 import torch
 
-from r3.engine_formats import EngineSample, vllm_routes
+from r3.engine_formats import EngineSample, check_logps, vllm_routes
 from r3.remote_engine import RemoteEngine
 from r3.remote_http import RemoteEngineError
 
@@ -124,6 +124,6 @@ class VLLMEngine(RemoteEngine):
             lp = (c.get("logprobs") or {}).get("token_logprobs")
             routes = vllm_routes(prompt_routes, _wire_routes(c.get("routed_experts"), "routed_experts"), self.cfg,
                                  n_prompt=len(prompt), n_output=len(ids), where=f"choice {c['index']}")
-            samples.append(EngineSample(list(prompt), [int(t) for t in ids], routes,
-                                        None if lp is None else [float(x) for x in lp], group=j))
+            logp = None if lp is None else check_logps(lp, f"choice {c['index']}: logprobs.token_logprobs")
+            samples.append(EngineSample(list(prompt), [int(t) for t in ids], routes, logp, group=j))
         return samples

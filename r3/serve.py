@@ -25,8 +25,9 @@ Sampling: the entries of one request that share their sampling parameters are ge
 generator seeded by their `sampling_seed`s (unseeded requests: the server's generator, seeded by --seed). The same
 request gets the same samples every time; a sample depends on its whole request (like batch-variant serving), not on
 its seed alone.
-Test-only switches (labelled so in --help): answer 503 for a while after start (--test-unavailable), and let the
-first /generate requests hang until aborted (--test-stall). Two servers are two processes.
+Test-only switches (labelled so in --help): answer 503 to the first N requests (--test-unavailable), and let the
+first /generate requests hang until aborted (--test-stall). Both count requests, not seconds, so a test built on them
+passes however slowly its machine runs. Two servers are two processes.
 Safety: binds 127.0.0.1 unless told otherwise; loads weights from safetensors only (`r3.hf.load_pretrained`) and
 only from inside --weights-root (symlinks resolved; a --weights-root that does not exist is refused at start;
 without it no path is loaded). Connections are handled on threads; generation and weight loading hold one lock.
@@ -38,14 +39,13 @@ import json
 import os
 import sys
 import threading
-import time
 import uuid
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from r3.config import SamplingConfig
+from r3.config import INT_GE0, PORT, POSITIVE, THREADS, SamplingConfig, check_flags
 from r3.engine import ROLLOUT_DTYPES, Engine
 from r3.errors import run_main
 from r3.hf import CheckpointError, load_pretrained
@@ -68,15 +68,15 @@ class SGLangStandIn:
     """The state behind the handler: one engine, a lock, the weights root, the last results' routes, the stats."""
 
     def __init__(self, model, *, rollout_dtype: str, seed: int, weights_root: str | None, desc: str,
-                 routes_dtype: str = "int32", model_path: str | None = None, unavailable_s: float = 0.0,
+                 routes_dtype: str = "int32", model_path: str | None = None, unavailable: int = 0,
                  stall: int = 0, stall_max_s: float = 120.0):
         self.engine, self.cfg, self.desc, self.model_path = Engine(model, rollout_dtype), model.cfg, desc, model_path
         self.lock, self.stats_lock = threading.Lock(), threading.Lock()
+        self.aborted = threading.Condition(self.stats_lock)  # notified at every /abort_request (ends a stall)
         self.generator = torch.Generator().manual_seed(seed)
         self.weights_root = None if weights_root is None else os.path.realpath(weights_root)
         self.routes_dtype, self.version, self.last_routes = routes_dtype, "0", []
-        self.unavailable_until = time.monotonic() + unavailable_s
-        self.stall, self.stall_max_s = stall, stall_max_s
+        self.stall, self.stall_max_s, self.unavailable_left = stall, stall_max_s, unavailable
         self.stats = dict(generate_rids=[], aborted=[], weight_versions=[], unavailable_answers=0, samples=0)
 
     def info(self) -> dict:
@@ -85,9 +85,11 @@ class SGLangStandIn:
                     weights_root=self.weights_root, num_experts=self.cfg.num_experts)
 
     def unavailable(self) -> bool:
-        if time.monotonic() >= self.unavailable_until:
-            return False
+        """True for the first --test-unavailable requests (each is answered 503, as by a loading server)."""
         with self.stats_lock:
+            if self.unavailable_left <= 0:
+                return False
+            self.unavailable_left -= 1
             self.stats["unavailable_answers"] += 1
         return True
 
@@ -177,23 +179,21 @@ class SGLangStandIn:
         return stall
 
     def hang(self, body: dict) -> None:
-        """Hang (without the engine lock) until one of the request's rids is aborted, or stall_max_s pass."""
+        """Hang (without the engine lock) until one of the request's rids is aborted, or stall_max_s pass (only so
+        that a client that never aborts cannot hold a thread forever)."""
         rid = body.get("rid")
         rids = set(rid if isinstance(rid, list) else [rid])
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < self.stall_max_s:
-            with self.stats_lock:
-                if rids & set(self.stats["aborted"]):
-                    return
-            time.sleep(0.05)
+        with self.aborted:
+            self.aborted.wait_for(lambda: rids & set(self.stats["aborted"]), timeout=self.stall_max_s)
 
     def snapshot(self) -> dict:
         with self.stats_lock:
             return json.loads(json.dumps(self.stats))
 
     def abort(self, body: dict) -> None:
-        with self.stats_lock:
+        with self.aborted:
             self.stats["aborted"].append(body.get("rid"))
+            self.aborted.notify_all()
 
     # ---- weights --------------------------------------------------------------------------------------------------
     def update_weights(self, body: dict) -> tuple[int, dict]:
@@ -305,7 +305,7 @@ def build(args) -> SGLangStandIn:
         path = None
     return SGLangStandIn(model.float().eval(), rollout_dtype=args.rollout_dtype, seed=args.seed,
                          weights_root=args.weights_root, desc=desc, routes_dtype=args.routes_dtype, model_path=path,
-                         unavailable_s=args.test_unavailable, stall=args.test_stall, stall_max_s=args.test_stall_max)
+                         unavailable=args.test_unavailable, stall=args.test_stall, stall_max_s=args.test_stall_max)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -327,8 +327,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--verbose", action="store_true", help="log every request")
     t = ap.add_argument_group("test-only switches (for the client's tests; they make the server misbehave)")
-    t.add_argument("--test-unavailable", type=float, default=0.0, metavar="SECONDS",
-                   help="answer HTTP 503 to every request for SECONDS after the port opens, as a loading server")
+    t.add_argument("--test-unavailable", type=int, default=0, metavar="N",
+                   help="answer HTTP 503 to the first N requests after the port opens, as a loading server")
     t.add_argument("--test-stall", type=int, default=0, metavar="N",
                    help="the first N /generate requests hang until /abort_request names one of their rids")
     t.add_argument("--test-stall-max", type=float, default=120.0, metavar="SECONDS",
@@ -337,7 +337,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_flags(ap, args, dict(port=PORT, threads=THREADS, warmup_steps=INT_GE0, seed=INT_GE0,
+                               test_unavailable=INT_GE0, test_stall=INT_GE0, test_stall_max=POSITIVE))
     if args.weights_root is not None and not os.path.isdir(args.weights_root):  # refused before any work
         sys.exit(f"error: --weights-root {args.weights_root}: no such folder (create it: the server loads weights "
                  f"only from inside it)")

@@ -1,10 +1,12 @@
 """What this proves: the engine-import library (`r3.engine_formats`, `r3.batch.batch_from_samples`) refuses, where
 the data enters and naming the field, row and position, everything a saved rollout folder would refuse: NaN or
 positive log-probs, log-prob entries for other tokens than output_ids, token ids outside the vocabulary, NaN rewards,
-a None response, prev-routes of the wrong layer count, a meta.temperature string; a list where a tensor belongs is
-either taken as the same ids or refused by name; and the in-memory and on-disk checks give the same message."""
+a None response, a None vLLM log-prob entry (one line naming its position), prev-routes of the wrong layer count, a
+meta.temperature string; a list where a tensor belongs is either taken as the same ids or refused by name; and the
+in-memory and on-disk checks give the same message."""
 import base64
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ import torch
 
 from r3.batch import batch_from_samples, load_rollouts, save_batch
 from r3.engine_formats import EngineSample, decode_sglang_routes, sglang_sample, vllm_sample
-from r3.errors import InputError
+from r3.errors import InputError, run_main
 from r3.model import ModelConfig
 from r3.moe import RoutesError
 from r3.validate import check_batch_fields, check_batch_model
@@ -72,6 +74,18 @@ def test_vllm_none_completion_and_bad_log_probs():
         logprobs = [{4: -0.5}, {5: float("inf")}, {14: -0.1}]
     with pytest.raises(InputError, match=r"logprobs \(sampled token\)\[1\] is inf"):
         vllm_sample(PROMPT, Completion(), CFG)
+
+
+def test_a_vllm_log_prob_entry_that_is_none_is_one_line_naming_the_position(monkeypatch, capsys):
+    class Completion:
+        token_ids, routed_experts = OUT, routes(5)
+        logprobs = [{4: -0.5}, None, {14: -0.1}]  # an engine that returned no log-probs for the second token
+    monkeypatch.setattr(sys, "argv", ["prog"])
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: vllm_sample(PROMPT, Completion(), CFG))  # as every entry point reports it
+    assert e.value.code == 1 and capsys.readouterr().err == (
+        "error: vLLM CompletionOutput.logprobs[1] is None, not a {token_id: Logprob} dict for output token 1 (id 5); "
+        "request logprobs for every sampled token\n")
 
 
 def test_prev_routes_of_the_wrong_layer_count_are_refused_by_name():

@@ -1,11 +1,12 @@
-"""What this proves (issue 23): each user mistake at the command line of train.py, rollout.py, r3.check and r3.inspect
-ends in exactly one `error: ...` line on stderr that names what is wrong and where, exit status 1 (2 for a flag
-outside its domain), no traceback, and nothing trained or written: a missing, empty or gapped rollouts folder, a
-killed writer's stepN.tmp, rollouts from another model (trained on only with --allow-other-model), --mini-steps
-beyond the rows, an unbounded size, an unparsable --task, a bad or missing JSONL task file, a missing or
-non-Qwen3-MoE --model, --out on or below a file, an empty or NaN ckpt.pt, a resume with changed flags, a
-meta.temperature string, an unreachable server, an HF shard with a NaN. A leftover stepN.tmp beside a complete stepN
-gets a one-line note and the run trains."""
+"""What this proves (issues 23, 38): each user mistake at the command line of train.py, rollout.py, r3.check,
+r3.inspect and r3.serve ends in exactly one `error: ...` line on stderr that names what is wrong and where, exit status
+1 (2 for a flag outside its domain), no traceback, and nothing trained or written: a missing, empty or gapped rollouts
+folder, a killed writer's stepN.tmp, rollouts from another model (trained on only with --allow-other-model),
+--mini-steps beyond the rows, an unbounded size, an unparsable --task, a bad or missing JSONL task file, a missing or
+non-Qwen3-MoE --model, --out on or below a file, an empty or NaN ckpt.pt, a resume with changed flags (another
+preset, seed, task or --dense: refused before the warm-up builds the model), a meta.temperature string, an
+unreachable server, an HF shard with a NaN, a --port, --threads, --warmup-steps or --rows of r3.serve, r3.check or
+r3.inspect outside its domain. A leftover stepN.tmp beside a complete stepN gets a one-line note and the run trains."""
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import torch
 
 import rollout
 import train
-from r3 import check, inspect
+from r3 import check, inspect, serve
 from r3.batch import load_batch, save_batch
 from r3.errors import run_main
 from r3.hf import save_pretrained
@@ -223,6 +224,20 @@ def test_a_resume_with_changed_flags_is_one_line(cwd, capsys, monkeypatch):
     assert snapshot("changed") == before
 
 
+@pytest.mark.parametrize("change, field", [(["--preset", "toy-wide"], "preset"), (["--seed", "1"], "seed"),
+                                           (["--task", "sort:4-5"], "task"), (["--dense"], "dense")])
+def test_a_resume_with_another_model_is_refused_before_the_warmup(cwd, capsys, monkeypatch, change, field):
+    if not os.path.exists("remodel/ckpt.pt"):  # one finished run, shared by the cases
+        monkeypatch.setattr(sys, "argv", ["train.py", *TINY, "--out", "remodel"])
+        run_main(train.main)
+    before = snapshot(".")  # the whole working folder, the warm-up cache included
+    monkeypatch.setattr(train, "load_policy_and_task", lambda *a: pytest.fail("the model was built before the refusal"))
+    line = refused(train.main, [*TINY, "--out", "remodel", "--resume", *change], capsys, monkeypatch)
+    assert line.startswith("error: cannot resume remodel: the resumed run differs from the saved one in 1 field(s) "
+                           f"that define it: {field}: saved "), line
+    assert snapshot(".") == before
+
+
 # --------------------------------------------------------------------------------- rollout.py, r3.check, r3.inspect
 def test_rollout_out_mistakes_are_refused_before_sampling(cwd, capsys, monkeypatch):
     (cwd / "afile").write_text("x")
@@ -261,6 +276,23 @@ def test_check_and_inspect_mistakes(cwd, capsys, monkeypatch):
     assert refused(inspect.main, ["void"], capsys, monkeypatch).startswith(
         "error: void: neither a rollout folder (manifest.json) nor a run folder with sample dumps")
     assert os.listdir("void") == []
+
+
+@pytest.mark.parametrize("main, argv, line", [
+    (serve.main, ["--port", "-5"], "--port must be in [0, 65535] (0 = a free one), got -5"),
+    (serve.main, ["--port", "70000"], "--port must be in [0, 65535] (0 = a free one), got 70000"),
+    (serve.main, ["--threads", "0"], "--threads must be in [1, 1024], got 0"),
+    (check.main, ["--rollouts", "rollouts", "--preset", "toy", "--threads", "0"],
+     "--threads must be in [1, 1024], got 0"),
+    (check.main, ["--rollouts", "rollouts", "--preset", "toy", "--warmup-steps", "-5"],
+     "--warmup-steps must be >= 0, got -5"),
+    (inspect.main, ["rollouts/step0", "--rows", "-3"], "--rows must be >= 0, got -3"),
+    (inspect.main, ["rollouts/step0", "--png-rows", "-1"], "--png-rows must be >= 0, got -1"),
+])
+def test_check_inspect_and_serve_flags_outside_their_domain(cwd, capsys, monkeypatch, main, argv, line):
+    before = snapshot(".")
+    assert refused(main, argv, capsys, monkeypatch, code=2) == "prog: error: " + line
+    assert snapshot(".") == before  # refused before any work: no warm-up, no page, no server
 
 
 def test_jsonl_task_mistakes_with_a_checkpoint(cwd, capsys, monkeypatch):

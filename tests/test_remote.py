@@ -6,7 +6,9 @@ cluster: two servers share a call's chunks (the batch equals one server's) and b
 missed one is refused; a loading server (refused, then 503) is waited out with a progress line; a stalled /generate
 is aborted rid by rid and retried, giving the batch a healthy server gives; a 4xx, a 404 /health or another
 architecture ends the call at once; a 503 is retried a bounded number of times; vLLM's 404 on the reload route names
-VLLM_SERVER_DEV_MODE=1; SGLang without deterministic inference is warned about once; dtype "auto" is resolved."""
+VLLM_SERVER_DEV_MODE=1; SGLang without deterministic inference is warned about once; dtype "auto" is resolved.
+The stand-in servers count requests or wait for the client (503 to the first N polls, a stall until the client
+hangs up or aborts), never the clock, so the tests pass on a machine of any speed."""
 import base64
 import dataclasses
 import io
@@ -15,13 +17,14 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
 import torch
 
+import r3.remote_engine
+import r3.remote_http
 from r3.hf import config_to_hf
 from r3.model import PRESETS, build_model
 from r3.remote import RemoteEngineError, SGLangEngine, make_engine
@@ -102,9 +105,10 @@ class FakeHandler(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, body):
-        status, payload, delay = self.server.reply(self.command, self.path, body)
+        status, payload, stall = self.server.reply(self.command, self.path, body)
         self.server.calls.append((self.command, self.path, body))
-        time.sleep(delay)
+        if stall:
+            self.until_the_client_hangs_up()
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         try:
             self.send_response(status)
@@ -112,6 +116,16 @@ class FakeHandler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(data)
         except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
+            pass
+
+    def until_the_client_hangs_up(self):
+        """Return once the client has closed the connection (its time-out): the answer comes too late, however
+        fast or slow the machine."""
+        self.connection.settimeout(300)  # a bound only, so that a client that never hangs up cannot hang the test
+        try:
+            while self.connection.recv(4096):
+                pass
+        except OSError:  # reset by the client, or the bound above
             pass
 
     def do_GET(self):
@@ -136,14 +150,15 @@ STAND_IN = SGLangStandIn(sharp(1), rollout_dtype="fp32", seed=0, weights_root=No
 STAND_IN_LOCK = threading.Lock()  # the vLLM client sends prompts concurrently; last_routes must be its own
 
 
-def sglang_reply(corrupt=None, status=200, delay=0.0):
+def sglang_reply(corrupt=None, status=200, stall=False):
+    """The stand-in's answer to /generate, `corrupt`ed, with `status`; `stall`: held until the client gives up."""
     def reply(method, path, body):
         if path != "/generate":
-            return 200, {}, 0.0
+            return 200, {}, False
         out = STAND_IN.generate(body)
         if corrupt is not None:
             out = corrupt(out)
-        return status, out, delay
+        return status, out, stall
     return reply
 
 
@@ -208,38 +223,38 @@ def test_good_fake_answer_passes_and_uint8_routes_decode(fake):
     assert body["sampling_params"][0]["stop_token_ids"] == [EOS] and "sampling_seed" in body["sampling_params"][0]
 
 
-def test_http_errors_timeouts_and_a_down_server(fake, tmp_path):
+def test_http_errors_timeouts_and_a_down_server(fake, tmp_path, capsys):
     url = f"http://127.0.0.1:{fake.server_port}"
     fake.reply = sglang_reply(lambda out: {"error": {"message": "CUDA out of memory"}}, status=500)
     with pytest.raises(RemoteEngineError, match=r"/generate \(3 prompts x 2 samples\): HTTP 500: CUDA out of mem"):
         SGLangEngine(url, CFG).generate(PROMPTS, **GEN)
-    fake.reply = sglang_reply(delay=1.5)
-    with pytest.raises(RemoteEngineError, match=r"/generate .*timeout"):
+    fake.reply = sglang_reply(stall=True)
+    with pytest.raises(RemoteEngineError, match=r"/generate .*no answer within 0.3 s \(timeout"):
         SGLangEngine(url, CFG, timeout=0.3, retries=0).generate(PROMPTS, **GEN)
-    fake.reply = lambda m, p, b: (400, {"success": False, "message": "Failed to load: shape mismatch"}, 0.0)
+    fake.reply = lambda m, p, b: (400, {"success": False, "message": "Failed to load: shape mismatch"}, False)
     with pytest.raises(RemoteEngineError, match=r"update_weights_from_disk .*HTTP 400: Failed to load: shape mism"):
         SGLangEngine(url, CFG, weights_dir=str(tmp_path)).sync(sharp(1))
-    fake.reply = lambda m, p, b: (200, {"success": False, "message": "weights are stale"}, 0.0)
+    fake.reply = lambda m, p, b: (200, {"success": False, "message": "weights are stale"}, False)
     with pytest.raises(RemoteEngineError, match=r"did not load the weights: weights are stale"):
         SGLangEngine(url, CFG, weights_dir=str(tmp_path)).sync(sharp(1))
     port = fake.server_port
     fake.shutdown()
     fake.server_close()
-    t0 = time.monotonic()
+    capsys.readouterr()
     with pytest.raises(RemoteEngineError, match=rf"POST http://127.0.0.1:{port}/generate .*cannot reach the server"
                                                 r".*gave up after 2 attempts"):
         SGLangEngine(f"http://127.0.0.1:{port}", CFG, retries=1).generate(PROMPTS, **GEN)
-    assert 0.9 < time.monotonic() - t0 < 10  # one retry, 1 s after the refusal, then gave up
+    assert capsys.readouterr().err.count("retrying in 1 s (attempt 2 of 2)") == 1  # one retry, 1 s on, then gave up
     with pytest.raises(ValueError, match="sglang:http"):
         make_engine("sglang://nohost", CFG)
 
 
 def test_health_waits_while_the_server_loads(fake):
-    answers = iter([(503, {"message": "loading"}, 0.0)] * 2 + [(200, b"", 0.0)] * 10)
-    fake.reply = lambda m, p, b: next(answers) if p == "/health" else (200, {"dtype": "bfloat16"}, 0.0)
-    eng = make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=10)
+    answers = iter([(503, {"message": "loading"}, False)] * 2 + [(200, b"", False)] * 10)
+    fake.reply = lambda m, p, b: next(answers) if p == "/health" else (200, {"dtype": "bfloat16"}, False)
+    eng = make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=300)  # a bound: it takes 2 polls
     assert eng.rollout_dtype == "bfloat16" and [c[1] for c in fake.calls[:3]] == ["/health"] * 3
-    fake.reply = lambda m, p, b: (503, {"message": "loading"}, 0.0)
+    fake.reply = lambda m, p, b: (503, {"message": "loading"}, False)
     with pytest.raises(RemoteEngineError, match=r"GET .*/health \(health check\): HTTP 503: loading"):
         make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=0)
 
@@ -255,9 +270,9 @@ def npy_b64(rows):
 def vllm_reply(layout, corrupt=None):
     def reply(method, path, body):
         if path == "/v1/models":
-            return 200, {"data": [{"id": "toy"}]}, 0.0
+            return 200, {"data": [{"id": "toy"}]}, False
         if path != "/v1/completions":
-            return 200, {"results": []}, 0.0
+            return 200, {"results": []}, False
         P, G = len(body["prompt"]), body["n"]
         sp = dict(max_new_tokens=body["max_tokens"], temperature=body["temperature"], top_p=body["top_p"],
                   stop_token_ids=body["stop_token_ids"], n=G, sampling_seed=body["seed"])
@@ -270,7 +285,7 @@ def vllm_reply(layout, corrupt=None):
                    for c, o in enumerate(outs)]
         resp = dict(id="cmpl-1", object="text_completion", model="toy", choices=choices[::-1],
                     prompt_routed_experts=rec[0][:P] if layout == "split" else None)
-        return 200, resp if corrupt is None else corrupt(resp), 0.0
+        return 200, resp if corrupt is None else corrupt(resp), False
     return reply
 
 
@@ -300,11 +315,19 @@ def test_bad_vllm_answers_and_weight_reload(fake, tmp_path):
         for c in r["choices"]:
             c.pop("token_ids")
         return r
+
+    def a_none_log_prob(r):
+        r["choices"][0]["logprobs"]["token_logprobs"][0] = None
+        return r
     fake.reply = vllm_reply("combined", extra_row)
     with pytest.raises(RemoteEngineError, match=r"v1/completions \(prompt 0, n=2\): .*need either"):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
     fake.reply = vllm_reply("split", no_token_ids)
     with pytest.raises(RemoteEngineError, match="no token_ids"):
+        make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
+    fake.reply = vllm_reply("split", a_none_log_prob)
+    with pytest.raises(RemoteEngineError, match=r"\(prompt 0, n=2\): choice 1: logprobs.token_logprobs\[0\] is None, "
+                                                r"not a log-probability"):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
     fake.reply = vllm_reply("split")
     eng = make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path))
@@ -343,33 +366,38 @@ def test_two_servers_share_the_chunks_and_both_load_every_sync(tmp_path):
             two.sync(sharp(2))
 
 
-def test_a_loading_server_is_waited_out_with_a_progress_line(capsys):
-    port, state, box = free_port(), stand_in(unavailable_s=1.0), {}
+def test_a_loading_server_is_waited_out_with_a_progress_line(capsys, monkeypatch):
+    port, state, server, refused = free_port(), stand_in(unavailable=2), [], threading.Event()
 
-    def start_late():  # the port opens after 1 s, then answers 503 for 1 s, as a loading SGLang
-        time.sleep(1.0)
-        state.unavailable_until = time.monotonic() + 1.0
-        box["server"] = on_thread(state, port)
-        box["server"].__enter__()
-    threading.Thread(target=start_late, daemon=True).start()
-    t0 = time.monotonic()
+    def log(msg):  # the client's own log line, printed as ever; its first "connection refused" opens the port
+        r3.remote_http.log(msg)
+        if "connection refused" in msg:
+            refused.set()
+    monkeypatch.setattr(r3.remote_engine, "log", log)
+
+    def start_late():  # the port opens once a poll was refused, then answers 503 twice, as a loading SGLang
+        refused.wait(300)  # a bound only: a client that never polls fails the assertions below instead of hanging
+        server.append(on_thread(state, port))
+        server[0].__enter__()
+    opener = threading.Thread(target=start_late, daemon=True)
+    opener.start()
     try:
         eng = make_engine(f"sglang:http://127.0.0.1:{port}", CFG)  # the default wait
     finally:
-        time.sleep(0.1)
-        box["server"].__exit__(None, None, None)
-    assert 1.9 < time.monotonic() - t0 < 20 and eng.servers[0].wait >= 90
-    assert state.snapshot()["unavailable_answers"] >= 1 and eng.rollout_dtype == "fp32"
+        opener.join()
+        server[0].__exit__(None, None, None)
+    assert eng.servers[0].wait >= 90 and refused.is_set()
+    assert state.snapshot()["unavailable_answers"] == 2 and eng.rollout_dtype == "fp32"
     err = capsys.readouterr().err
     assert f"waiting for the server at http://127.0.0.1:{port}: connection refused" in err and "is ready after" in err
 
 
 def test_a_stalled_generate_is_aborted_and_retried(tmp_path):
-    stalled = stand_in(stall=1, stall_max_s=60)
+    stalled = stand_in(stall=1, stall_max_s=600)  # a bound only: the client's abort ends the stall
     with on_thread(stalled) as url, on_thread(stand_in()) as healthy:
-        t0 = time.monotonic()
-        got = SGLangEngine(url, CFG, timeout=1.0).generate(PROMPTS, generator=torch.Generator().manual_seed(4), **GEN)
-        assert time.monotonic() - t0 < 20
+        # the client gives up on the stalled request after `timeout` s; the retry's answer (milliseconds of toy
+        # generation) comes well within it, and one that did not would be retried again (retries=3)
+        got = SGLangEngine(url, CFG, timeout=2.0).generate(PROMPTS, generator=torch.Generator().manual_seed(4), **GEN)
         ref = SGLangEngine(healthy, CFG).generate(PROMPTS, generator=torch.Generator().manual_seed(4), **GEN)
     st = stalled.snapshot()
     first, second = st["generate_rids"][:2]
@@ -384,26 +412,26 @@ def test_answers_that_will_not_change_end_the_call_at_once(fake, tmp_path):
         with pytest.raises(RemoteEngineError, match=r"HTTP 400: .*exceeds"):
             SGLangEngine(url, CFG, retries=3).generate(PROMPTS, **dict(GEN, max_new_tokens=1000))
         assert len(state.snapshot()["generate_rids"]) == 1  # a 4xx: no retry
-    fake.reply = lambda m, p, b: (404, {"detail": "Not Found"}, 0.0)
-    t0 = time.monotonic()
+    fake.reply = lambda m, p, b: (404, {"detail": "Not Found"}, False)
     with pytest.raises(RemoteEngineError, match=r"/health \(health check\): HTTP 404"):
-        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=60)
-    assert time.monotonic() - t0 < 30  # raised at once: waiting it out would take the whole 60 s
+        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=1800)
+    assert [c[1] for c in fake.calls] == ["/health"]  # raised at the first answer: no second poll
     other = dataclasses.replace(CFG, num_hidden_layers=CFG.num_hidden_layers + 1)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text(json.dumps(config_to_hf(other, torch.bfloat16)))
-    fake.reply = lambda m, p, b: (200, {"model_path": str(tmp_path / "other")} if p == "/get_server_info" else b"", 0.0)
+    info = {"model_path": str(tmp_path / "other")}
+    fake.reply = lambda m, p, b: (200, info if p == "/get_server_info" else b"", False)
     with pytest.raises(RemoteEngineError, match=r"another architecture .*num_hidden_layers"):
         make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=60)
 
 
 def test_503_is_retried_a_bounded_number_of_times(fake):
-    answers = iter([(503, {"message": "busy"}, 0.0)])
+    answers = iter([(503, {"message": "busy"}, False)])
     good = sglang_reply()
     fake.reply = lambda m, p, b: next(answers, None) or good(m, p, b)
     b = SGLangEngine(f"http://127.0.0.1:{fake.server_port}", CFG, retries=1).generate(PROMPTS, **GEN)
     assert len(b) == 6 and [c[1] for c in fake.calls] == ["/generate"] * 2
-    fake.reply = lambda m, p, b: (503, {"message": "busy"}, 0.0)
+    fake.reply = lambda m, p, b: (503, {"message": "busy"}, False)
     with pytest.raises(RemoteEngineError, match=r"HTTP 503: busy \(gave up after 2 attempts\)"):
         SGLangEngine(f"http://127.0.0.1:{fake.server_port}", CFG, retries=1).generate(PROMPTS, **GEN)
 
@@ -413,7 +441,7 @@ def test_server_info_warning_once_and_auto_dtype(fake, tmp_path, capsys):
         (tmp_path / str(dtype)).mkdir()
         (tmp_path / str(dtype) / "config.json").write_text(json.dumps(config_to_hf(CFG, dtype)))
         info = dict(dtype="auto", model_path=str(tmp_path / str(dtype)), enable_deterministic_inference=False)
-        fake.reply = lambda m, p, b: (200, info if p == "/get_server_info" else b"", 0.0)
+        fake.reply = lambda m, p, b: (200, info if p == "/get_server_info" else b"", False)
         url = f"http://127.0.0.1:{fake.server_port}"
         eng = make_engine(f"sglang:{url},{url}/", CFG)  # two servers, both without deterministic inference
         assert eng.rollout_dtype == served  # SGLang's auto: float32 checkpoints are served in float16
@@ -423,8 +451,8 @@ def test_server_info_warning_once_and_auto_dtype(fake, tmp_path, capsys):
 def test_vllm_reload_404_names_dev_mode_and_a_wrong_model_is_refused(fake, tmp_path):
     url = f"http://127.0.0.1:{fake.server_port}"
     models = {"data": [{"id": "toy"}]}
-    fake.reply = lambda m, p, b: (200, models if p == "/v1/models" else b"", 0.0) if p in ("/v1/models", "/health") \
-        else (404, {"detail": "Not Found"}, 0.0)
+    fake.reply = lambda m, p, b: (200, models if p == "/v1/models" else b"", False) if p in ("/v1/models", "/health") \
+        else (404, {"detail": "Not Found"}, False)
     eng = make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path))
     with pytest.raises(RemoteEngineError, match=r"/collective_rpc .*HTTP 404.*VLLM_SERVER_DEV_MODE=1"):
         eng.sync(sharp(1))

@@ -111,6 +111,8 @@ def test_rollout_process_killed_at_random_times_leaves_old_or_new(tmp_path):
     for _ in range(3):
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert p.stdout.readline().startswith("model:")  # loaded: generation and the write follow
+        # a random moment on purpose, and no timing assumed: whenever the kill lands (before, inside or after the
+        # write, or after the process ended), the folder must load as old or new, or be refused
         time.sleep(rng.uniform(0, 0.3))
         p.send_signal(signal.SIGKILL)
         p.wait()

@@ -18,14 +18,16 @@ import r3.runfolder
 from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_resume, check_steps, read_metrics,
                           truncate_metrics)
 
-HOLD = "import sys, time; from r3.runfolder import RunFolder; r = RunFolder(sys.argv[1]); print('held', flush=True); " \
-       "time.sleep(60)"
+# holds the folder until killed (stdin stays open; it closes, and the holder exits, only if the test itself dies)
+HOLD = "import sys; from r3.runfolder import RunFolder; r = RunFolder(sys.argv[1]); print('held', flush=True); " \
+       "sys.stdin.read()"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_a_second_process_is_refused_and_a_killed_holder_releases_the_lock(tmp_path):
     out = str(tmp_path / "run")
-    p = subprocess.Popen([sys.executable, "-c", HOLD, out], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", HOLD, out], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
     try:
         assert p.stdout.readline().strip() == "held"
         with pytest.raises(RunFolderError, match=f"{out} is in use by another run \\(process {p.pid}\\)"):

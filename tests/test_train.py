@@ -1,13 +1,15 @@
 """What this proves: train.py runs in every replay mode as a real subprocess, writes every required metric, and a
-run killed with SIGKILL resumes to bit-identical metrics (step_time aside) on CPU."""
+run killed with SIGKILL (right after a metrics line, or inside a checkpoint save) resumes to bit-identical metrics
+(step_time aside) on CPU."""
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from stopped import STOPPED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--steps", "4", "--prompts-per-step", "3", "--group-size", "2", "--warmup-steps", "3", "--task", "sort:3-4",
@@ -52,19 +54,15 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     args = [*TINY, "--steps", "10", "--save-every", "1", "--r3", "--rollout-dtype", "fp8"]
     assert run([*args, "--out", "ref"], tmp_path).returncode == 0
     ref = metrics(tmp_path / "ref" / "metrics.jsonl")
-    for kill_after in (3, 6):  # lines written before the kill; the save in flight may be interrupted
+    # killed by itself at a known point (tests/stopped.py), not by a timer racing the run: right after its 3rd
+    # metrics line (ckpt.pt one step behind the log), and inside its 6th save (ckpt.pt.tmp written, not renamed)
+    for kill_after, how in ((3, "kill"), (6, "save")):
         out = tmp_path / f"killed{kill_after}"
-        p = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args, "--out", out.name],
-                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        k = subprocess.run([sys.executable, STOPPED, str(kill_after), how, *args, "--out", out.name], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+        assert k.returncode == -signal.SIGKILL, k.stderr[-3000:]
         mpath = out / "metrics.jsonl"
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            if mpath.exists() and len(mpath.read_text().splitlines()) >= kill_after:
-                break
-            time.sleep(0.01)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        assert len(metrics(mpath)) < 10, "the run finished before it was killed"
+        assert len(metrics(mpath)) == kill_after and (out / "ckpt.pt.tmp").exists() == (how == "save")
         r = run([*args, "--out", out.name, "--resume"], tmp_path)
         assert r.returncode == 0, r.stderr[-3000:]
         got = metrics(mpath)

@@ -8,10 +8,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from r3.batch import load_batch
 from r3.tasks import prompt_split
+from stopped import held
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--prompts-per-step", "3", "--group-size", "2", "--warmup-steps", "3", "--task", "sort:3-4",
@@ -25,22 +25,6 @@ def run(args, cwd):
 
 def lines(path):
     return [json.loads(x) for x in open(path)]
-
-
-def start_and_wait(args, cwd, ready):
-    """Start train.py and return once `ready()` holds (the run is stepping)."""
-    p = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *TINY, *args], cwd=cwd,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        try:
-            if ready():
-                return p
-        except (OSError, ValueError):  # a file being written
-            pass
-        time.sleep(0.01)
-    p.kill()
-    raise AssertionError("train.py did not reach the point to interrupt")
 
 
 def test_resume_checks_the_run_defining_flags(tmp_path):
@@ -61,10 +45,9 @@ def test_overwrite_removes_the_old_run_before_writing(tmp_path):
     assert run(["--steps", "2", "--out", "run"], tmp_path).returncode == 0
     assert (tmp_path / "run" / "ckpt.pt").exists() and (tmp_path / "run" / "done.json").exists()
     mpath = tmp_path / "run" / "metrics.jsonl"
-    p = start_and_wait(["--steps", "30", "--save-every", "100", "--out", "run", "--overwrite"], tmp_path,
-                       lambda: json.loads((tmp_path / "run" / "args.json").read_text())["steps"] == 30
-                       and len(lines(mpath)) >= 1)
-    p.send_signal(signal.SIGKILL)
+    p = held([*TINY, "--steps", "30", "--save-every", "100", "--out", "run", "--overwrite"], tmp_path)
+    assert json.loads((tmp_path / "run" / "args.json").read_text())["steps"] == 30 and len(lines(mpath)) == 1
+    p.send_signal(signal.SIGKILL)  # the new run, held after its first step (tests/stopped.py), dies there
     p.wait()
     assert not (tmp_path / "run" / "ckpt.pt").exists() and not (tmp_path / "run" / "done.json").exists()
     r = run(["--steps", "2", "--out", "run", "--resume"], tmp_path)  # nothing of the old run to continue from
@@ -74,8 +57,9 @@ def test_overwrite_removes_the_old_run_before_writing(tmp_path):
 
 def test_second_process_on_the_same_folder_is_refused(tmp_path):
     mpath = tmp_path / "run" / "metrics.jsonl"
-    p = start_and_wait(["--steps", "200", "--out", "run"], tmp_path, lambda: len(lines(mpath)) >= 1)
+    p = held([*TINY, "--steps", "200", "--out", "run"], tmp_path)  # holds the folder until killed
     try:
+        assert len(lines(mpath)) == 1
         r = run(["--steps", "200", "--out", "run", "--resume"], tmp_path)
         assert r.returncode != 0 and str(p.pid) in r.stderr, r.stderr[-2000:]
     finally:
