@@ -1,7 +1,7 @@
 """Claims that hold on any CPU: every number the README and docs/ use as evidence, over 8 warm-up seeds with a 95 %
 interval, and the check of a remake on a kind of CPU that has no exact reference.
 
-    python -m experiments.claims                  # init seeds 0-7, writes results/claims.{json,md} (~35 min, 1 thread)
+    python -m experiments.claims                  # init seeds 0-7, writes results/claims.{json,md} (~40 min, 1 thread)
     python -m experiments.claims --seeds 0 1 --prompts 8 --warmup-steps 4 --train-flags "--steps 2 ..."   # tiny
 
 Why: a number made by a model reproduces bit for bit only on the kind of CPU that made it, and a warm-up turns a
