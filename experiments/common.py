@@ -25,10 +25,12 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def write_results(json_path: str, data: dict, *, md: str | None = None, t0: float | None = None) -> dict:
+def write_results(json_path: str, data: dict, *, md: str | None = None, t0: float | None = None,
+                  git: dict | None = None) -> dict:
     """Write a results JSON (and its markdown table beside it, `md`) with the provenance of the run that made them:
-    commit and dirty flag, torch, Python, threads, machine, wall time, command. Atomic writes."""
-    prov = provenance(t0=t0)
+    commit and dirty flag, torch, Python, threads, machine, wall time, command. Atomic writes. `git`: the checkout's
+    state read when a long run started (`r3.provenance.git_state`; default: read now)."""
+    prov = provenance(t0=t0, git=git)
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
     atomic_write_json(json_path, dict(data, provenance=prov))
     if md is not None:

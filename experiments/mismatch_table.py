@@ -83,8 +83,10 @@ def row_metrics(model, batch, replay: bool, own_routes) -> tuple[dict, torch.Ten
     return m, own
 
 
-def measure(preset: str, dtype: str, models: dict, task, args) -> list[dict]:
-    rows, batches, own = [], {}, None
+def measure(preset: str, dtype: str, models: dict, task, args, batches: dict | None = None) -> list[dict]:
+    """The three rows of one precision; `batches`, when given, receives the dense and MoE batches (experiments.claims
+    inspects the MoE one)."""
+    rows, batches, own = [], {} if batches is None else batches, None
     for kind in ("dense", "moe"):
         batches[kind], _ = rollout(models[kind], task, num_prompts=args.prompts, group_size=args.samples,
                                    dtype=dtype, seed=args.seed, temperature=args.temperature, keep_logp_V=True)

@@ -11,6 +11,8 @@
                                  observed one; exact over every split up to EXACT_MAX splits, else Monte Carlo
                                  with a seeded generator (MC_DRAWS draws, the observed split counted)
 Both return 1.0 when a side is empty (no evidence either way).
+  t_cdf, t_quantile, t_interval, pooled_t, noncentral_t_sf   Student's t (integer df, closed form) for the claims
+                                 over seeds (experiments/claims.py): intervals, the two-sample test, replication odds
 """
 import itertools
 import math
@@ -115,3 +117,79 @@ def bootstrap_crossing(xs: list[float], ys: list[int], draws: int = 2000, seed: 
     found.sort()
     pick = lambda q: found[min(len(found) - 1, int(q * len(found)))] if found else None  # noqa: E731
     return dict(lo=pick(0.025), hi=pick(0.975), not_reached=1 - len(found) / draws, draws=draws)
+
+
+# ------------------------------------------------------------------------- Student's t, for claims over seeds
+# experiments/claims.py: t-intervals over warm-up seeds and the check of a remake on another kind of CPU. Integer
+# degrees of freedom only (n - 1, or n1 + n2 - 2 for the pooled two-sample test), where the CDF has a closed form.
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with integer df >= 1 (Abramowitz & Stegun 26.7.3-4: a finite series in cos θ)."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"t_cdf takes an integer df >= 1, not {df}")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2:  # odd: 2/π (θ + sin θ cos θ (1 + 2/3 c² + 2·4/(3·5) c⁴ + ... up to c^(df-3)))
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        a = 2 / math.pi * (theta + s * math.cos(theta) * total)
+    else:  # even: sin θ (1 + 1/2 c² + 1·3/(2·4) c⁴ + ... up to c^(df-2))
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        a = s * total
+    return 0.5 + math.copysign(a / 2, t)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The t with t_cdf(t, df) = p (bisection to 1e-12)."""
+    if not 0 < p < 1:
+        raise ValueError(f"t_quantile takes 0 < p < 1, not {p}")
+    lo, hi = -1.0, 1.0
+    while t_cdf(lo, df) > p:
+        lo *= 2
+    while t_cdf(hi, df) < p:
+        hi *= 2
+    while hi - lo > 1e-12 * max(1.0, abs(lo)):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def mean_sd(xs: list[float]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n - 1; nan for one value)."""
+    n = len(xs)
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan"))
+
+
+def t_interval(xs: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi): the two-sided t-interval of the mean of xs (independent draws, e.g. one per seed)."""
+    m, sd = mean_sd(xs)
+    half = t_quantile(0.5 + level / 2, len(xs) - 1) * sd / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def pooled_t(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int) -> tuple[float, int]:
+    """(t, df) of the two-sample t-test of equal means with a pooled variance, from each sample's mean, sd and n."""
+    df = n1 + n2 - 2
+    sp = math.sqrt(((n1 - 1) * s1 ** 2 + (n2 - 1) * s2 ** 2) / df)
+    se = sp * math.sqrt(1 / n1 + 1 / n2)
+    return ((m1 - m2) / se if se > 0 else (0.0 if m1 == m2 else math.copysign(math.inf, m1 - m2))), df
+
+
+def noncentral_t_sf(c: float, df: int, delta: float, steps: int = 4000) -> float:
+    """P(T > c) for the noncentral t with df and noncentrality delta, T = (Z + delta) / sqrt(V / df): the mean over
+    the chi distribution of sqrt(V) of P(Z > c sqrt(V / df) - delta), by Simpson's rule (error below 1e-8)."""
+    hi = math.sqrt(df) + 12.0
+    h = hi / steps
+    log_norm = (df / 2 - 1) * math.log(2) + math.lgamma(df / 2)
+
+    def f(u):
+        dens = math.exp((df - 1) * math.log(u) - u * u / 2 - log_norm) if u > 0 else (1.0 / math.exp(log_norm)
+                                                                                      if df == 1 else 0.0)
+        return dens * 0.5 * math.erfc((c * u / math.sqrt(df) - delta) / math.sqrt(2))
+    total = f(0.0) + f(hi) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, steps))
+    return min(1.0, max(0.0, total * h / 3))
