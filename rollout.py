@@ -20,16 +20,16 @@ import time
 
 import torch
 
-from r3.batch import check_batch_target, save_batch
-from r3.checkpoint import model_digest
-from r3.collect import rollout
-from r3.config import RolloutConfig, parse
+from r3.rollout.batch import check_batch_target, save_batch
+from r3.runs.checkpoint import model_digest
+from r3.train.collect import rollout
+from r3.train.config import RolloutConfig, parse
 from r3.errors import run_main
-from r3.grpo import group_advantages
-from r3.io import atomic_write_json
-from r3.score import FULL_VOCAB_MAX, old_policy_pass
-from r3.tasks import make_task
-from r3.warmup import load_model
+from r3.train.grpo import group_advantages
+from r3.runs.io import atomic_write_json
+from r3.train.score import FULL_VOCAB_MAX, old_policy_pass
+from r3.tasks.tasks import make_task
+from r3.train.warmup import load_model
 
 
 def main(argv=None) -> dict:

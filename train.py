@@ -28,34 +28,34 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from r3.batch import rollout_folders
-from r3.checkpoint import load_checkpoint, save_checkpoint
-from r3.collect import (Rollout, advantages, my_shards, sample_shard, shard_generator_name, shard_rows,
-                        shard_seed)
-from r3.config import RUN_DEFINING, TrainConfig, parse
-from r3.engine import Engine
+from r3.rollout.batch import rollout_folders
+from r3.runs.checkpoint import load_checkpoint, save_checkpoint
+from r3.train.collect import (Rollout, advantages, my_shards, sample_shard, shard_generator_name, shard_rows,
+                              shard_seed)
+from r3.train.config import RUN_DEFINING, TrainConfig, parse
+from r3.rollout.engine import Engine
 from r3.errors import run_main
-from r3.evaluate import evaluate
-from r3.fidelity import gradient_fidelity
-from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, save_hf_checkpoint, setup_distributed,
-                     sync_engine)
-from r3.grpo import MAX_METRICS, loss_denominator, policy_loss
-from r3.guard import CollapseGuard
-from r3.hf import load_config
-from r3.inspect import dump_samples
-from r3.launch import check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts
-from r3.io import atomic_write_json, read_jsonl
-from r3.memory import format_plan, memory_plan
-from r3.metrics import MISMATCH_KEYS, flip_stats, kl_k3
-from r3.plots import log_scalars, tensorboard_writer
-from r3.process import configure_cpu
-from r3.provenance import earlier_segments, git_state, stamp
-from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume, check_steps,
-                          read_metrics, truncate_metrics)
-from r3.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
-                      without_pass)
-from r3.tasks import make_task
-from r3.warmup import preset_config, warmup_info
+from r3.train.evaluate import evaluate
+from r3.train.fidelity import gradient_fidelity
+from r3.scale.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, save_hf_checkpoint,
+                           setup_distributed, sync_engine)
+from r3.train.grpo import MAX_METRICS, loss_denominator, policy_loss
+from r3.train.guard import CollapseGuard
+from r3.scale.hf import load_config
+from r3.tools.inspect import dump_samples
+from r3.train.launch import check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts
+from r3.runs.io import atomic_write_json, read_jsonl
+from r3.scale.memory import format_plan, memory_plan
+from r3.train.metrics import MISMATCH_KEYS, flip_stats, kl_k3
+from r3.runs.plots import log_scalars, tensorboard_writer
+from r3.runs.process import configure_cpu
+from r3.runs.provenance import earlier_segments, git_state, stamp
+from r3.runs.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume,
+                               check_steps, read_metrics, truncate_metrics)
+from r3.train.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
+                            without_pass)
+from r3.tasks.tasks import make_task
+from r3.train.warmup import preset_config, warmup_info
 
 
 # run-defining fields added after runs were saved without them; their default (None) is what those runs did
@@ -518,7 +518,7 @@ def finish(run: Run, stopped_on: list[str] | None) -> None:
         atomic_write_json(run.path("done.json"), dict(steps=len(read_jsonl(run.path("metrics.jsonl"))),
                                                       stopped_on=stopped_on, world_size=run.world), indent=None)
         if not run.cfg.no_plot:
-            from r3.plots import plot_run
+            from r3.runs.plots import plot_run
             plot_run(read_jsonl(run.path("metrics.jsonl")), run.path("metrics.png"), title=run.out)
             print(f"wrote {run.path('metrics.png')}")
         stamp(run.out, t0=run.t0, git=run.prov, segments=run.prov.get("segments"))

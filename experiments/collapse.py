@@ -31,8 +31,8 @@ import matplotlib.pyplot as plt
 from experiments.sweep import COMMON, run_all, summarize
 from experiments.common import fmt, write_results
 from r3.errors import run_main
-from r3.guard import ema_series
-from r3.io import read_jsonl
+from r3.train.guard import ema_series
+from r3.runs.io import read_jsonl
 
 RULE = dict(reward_ema_decay=0.9, reward_drop=0.3, peak_after_steps=5, heldout_drop=0.3, nonfinite=True)
 RULE_TEXT = ("collapse = first step where reward EMA(0.9) <= running peak (after step 5) - 0.3, or held-out "

@@ -3,8 +3,8 @@ rollouts from `r3.collect.rollout`, metrics from `r3.score` / `r3.metrics`: ever
 own code.) Every results file records its provenance (`write_results`); a table made from a dirty tree says so."""
 import os
 
-from r3.io import atomic_write, atomic_write_json
-from r3.provenance import markdown_line, provenance
+from r3.runs.io import atomic_write, atomic_write_json
+from r3.runs.provenance import markdown_line, provenance
 
 
 

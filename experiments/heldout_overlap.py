@@ -16,11 +16,11 @@ import time
 import torch
 
 from experiments.common import fmt, markdown_table, write_results
-from r3.engine import Engine
+from r3.rollout.engine import Engine
 from r3.errors import run_main
-from r3.evaluate import evaluate, heldout_examples
-from r3.tasks import EOS, PAD, make_task
-from r3.warmup import preset_config, warmed_up_model
+from r3.train.evaluate import evaluate, heldout_examples
+from r3.tasks.tasks import EOS, PAD, make_task
+from r3.train.warmup import preset_config, warmed_up_model
 
 OTHER_SEED = 12_345  # the disjoint comparison set's draw
 

@@ -45,7 +45,7 @@ from experiments.staleness import (RULE_TEXT, _mean, cell_summary, cell_table, o
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
 from r3.errors import run_main
-from r3.io import read_jsonl
+from r3.runs.io import read_jsonl
 
 ACC = "eval/reward"
 RELATIVE = dict(relative=0.5, floor=0.1)  # the secondary rule: a fall to half the best (or peak), once that is >= 0.1

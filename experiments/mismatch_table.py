@@ -24,14 +24,14 @@ import time
 import torch
 
 from experiments.common import fmt, markdown_table, write_results
-from r3.collect import rollout
-from r3.engine import ROLLOUT_DTYPES
+from r3.train.collect import rollout
+from r3.rollout.engine import ROLLOUT_DTYPES
 from r3.errors import run_main
-from r3.metrics import kl_k3
-from r3.model import PRESETS
-from r3.score import old_policy_pass
-from r3.tasks import make_task
-from r3.warmup import load_model
+from r3.train.metrics import kl_k3
+from r3.model.model import PRESETS
+from r3.train.score import old_policy_pass
+from r3.tasks.tasks import make_task
+from r3.train.warmup import load_model
 
 PAPER = {  # arXiv 2510.11370, Qwen3-30B-A3B; kl is the k3 estimator
     "dense": dict(kl=0.64e-3),

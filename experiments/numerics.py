@@ -27,15 +27,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-import r3.model
-import r3.moe
+import r3.model.model
+import r3.model.moe
 from experiments.common import fmt, markdown_table, write_results
 from experiments.stats import paired_permutation_test
-from r3.engine import Engine
+from r3.rollout.engine import Engine
 from r3.errors import run_main
-from r3.score import old_policy_pass
-from r3.tasks import EOS, PAD, make_task
-from r3.warmup import load_model
+from r3.train.score import old_policy_pass
+from r3.tasks.tasks import EOS, PAD, make_task
+from r3.train.warmup import load_model
 
 # (name, task, warm-up steps, engine dtype, prompts per batch, group size, seeds): the headline step's engine
 # (experiments.collapse HEADLINE), its oracle at the n1fresh controls' 32 rows, and the long-response study's engine
@@ -55,15 +55,15 @@ def legacy():
     """The engine's kernels before the change: SDPA for every decode step, all experts only in bf16."""
     def sdpa(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
-    saved = r3.model.decode_attention, dict(r3.moe.ALL_EXPERTS_MAX_MACS)
-    r3.model.decode_attention = sdpa
-    r3.moe.ALL_EXPERTS_MAX_MACS.pop(torch.float32, None)
+    saved = r3.model.model.decode_attention, dict(r3.model.moe.ALL_EXPERTS_MAX_MACS)
+    r3.model.model.decode_attention = sdpa
+    r3.model.moe.ALL_EXPERTS_MAX_MACS.pop(torch.float32, None)
     try:
         yield
     finally:
-        r3.model.decode_attention = saved[0]
-        r3.moe.ALL_EXPERTS_MAX_MACS.clear()
-        r3.moe.ALL_EXPERTS_MAX_MACS.update(saved[1])
+        r3.model.model.decode_attention = saved[0]
+        r3.model.moe.ALL_EXPERTS_MAX_MACS.clear()
+        r3.model.moe.ALL_EXPERTS_MAX_MACS.update(saved[1])
 
 
 def measure(model, engine, examples, *, group_size: int, max_new: int, seed: int) -> tuple[dict, torch.Tensor]:

@@ -16,11 +16,11 @@ import time
 import torch
 
 from experiments.common import write_results
-from r3.engine import Engine
+from r3.rollout.engine import Engine
 from r3.errors import run_main
-from r3.model import PRESETS, KVCache, build_model
-from r3.moe import check_routes
-from r3.routing import DEFAULT_FILE_CODEC, decode_routes, encode_routes, routes_dtype
+from r3.model.model import PRESETS, KVCache, build_model
+from r3.model.moe import check_routes
+from r3.model.routing import DEFAULT_FILE_CODEC, decode_routes, encode_routes, routes_dtype
 
 # CPU time of this process, torch on one thread: robust to other jobs sharing the machine's cores (wall time
 # on a loaded 2-core box swung +-15% between identical arms).

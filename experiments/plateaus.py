@@ -30,11 +30,11 @@ from collections import Counter
 
 from experiments.common import fmt, write_results
 from experiments.staleness import cell_run
-from r3.batch import load_batch
+from r3.rollout.batch import load_batch
 from r3.errors import InputError, run_main
-from r3.io import atomic_write
-from r3.evaluate import heldout_examples
-from r3.tasks import EOS, SYMBOL0, SYMBOLS, Cipher, make_task
+from r3.runs.io import atomic_write
+from r3.train.evaluate import heldout_examples
+from r3.tasks.tasks import EOS, SYMBOL0, SYMBOLS, Cipher, make_task
 
 STUCK = 0.9       # a symbol is stuck when the response got it wrong in at least this share of its occurrences
 MIN_PROMPTS = 2   # ... and it occurred in at least this many of the dumps' prompts (a dump is one prompt's group)

@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from r3.errors import run_main
-from r3.provenance import cpu_name
+from r3.runs.provenance import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

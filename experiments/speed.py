@@ -52,12 +52,12 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from experiments.common import fmt, markdown_table, write_results
 from experiments.numerics import legacy
-from r3.engine import Engine
+from r3.rollout.engine import Engine
 from r3.errors import run_main
-from r3.hf import save_pretrained
-from r3.model import PRESETS, KVCache, ModelConfig, build_model
-import r3.moe
-from r3.moe import MoE
+from r3.scale.hf import save_pretrained
+from r3.model.model import PRESETS, KVCache, ModelConfig, build_model
+import r3.model.moe
+from r3.model.moe import MoE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Qwen3-30B-A3B's ratios (hidden 2048, 32/4 heads of 128, 128 experts top-8 of width 768) at 1/8 the width
@@ -298,13 +298,13 @@ opaque_grouped_mm.register_autograd(_backward, setup_context=_save)
 @contextlib.contextmanager
 def opaque_experts():
     """r3.moe's expert path with fp32 grouped_mm as the opaque ops above, also while compiling."""
-    saved = r3.moe._grouped_mm, r3.moe._grouped_mm_ok
-    r3.moe._grouped_mm = opaque_grouped_mm
-    r3.moe._grouped_mm_ok = lambda x_PD, w_EOD: all(n * x_PD.element_size() % 16 == 0 for n in w_EOD.shape[1:])
+    saved = r3.model.moe._grouped_mm, r3.model.moe._grouped_mm_ok
+    r3.model.moe._grouped_mm = opaque_grouped_mm
+    r3.model.moe._grouped_mm_ok = lambda x_PD, w_EOD: all(n * x_PD.element_size() % 16 == 0 for n in w_EOD.shape[1:])
     try:
         yield
     finally:
-        r3.moe._grouped_mm, r3.moe._grouped_mm_ok = saved
+        r3.model.moe._grouped_mm, r3.model.moe._grouped_mm_ok = saved
 
 
 @contextlib.contextmanager

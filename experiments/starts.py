@@ -34,12 +34,12 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from experiments.common import fmt, write_results  # noqa: E402
-from r3.engine import Engine  # noqa: E402
+from r3.rollout.engine import Engine  # noqa: E402
 from r3.errors import InputError, run_main  # noqa: E402
-from r3.evaluate import evaluate, heldout_examples  # noqa: E402
-from r3.io import read_json_object  # noqa: E402
-from r3.tasks import EOS, PAD, SYMBOL0, make_task  # noqa: E402
-from r3.warmup import preset_config, warmed_up_model  # noqa: E402
+from r3.train.evaluate import evaluate, heldout_examples  # noqa: E402
+from r3.runs.io import read_json_object  # noqa: E402
+from r3.tasks.tasks import EOS, PAD, SYMBOL0, make_task  # noqa: E402
+from r3.train.warmup import preset_config, warmed_up_model  # noqa: E402
 
 TASK = "cipher:32-32"  # the headline's task and preset (experiments.collapse HEADLINE)
 PRESET = "toy"

@@ -15,7 +15,7 @@ import torch
 
 from experiments.common import write_results
 from r3.errors import run_main
-from r3.routing import CODECS, SET_CODECS, decode_routes, encode_routes, encoded_nbytes, row_bits
+from r3.model.routing import CODECS, SET_CODECS, decode_routes, encode_routes, encoded_nbytes, row_bits
 
 GEOMETRIES = {"Qwen3-30B-A3B": (128, 8, 48), "256e-top8": (256, 8, 48), "toy": (8, 2, 4)}
 ANCHORS = {"int32": "SGLang / slime / vLLM wire", "uint8": "verl (R2)", "bitmask": "seed paper (R3)",

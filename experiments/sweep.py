@@ -22,8 +22,8 @@ import time
 from tqdm import tqdm
 
 from r3.errors import InputError
-from r3.guard import ema_series
-from r3.io import atomic_write, read_jsonl
+from r3.train.guard import ema_series
+from r3.runs.io import atomic_write, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLAPSE_SYMPTOMS = ("reward_drop", "nonfinite")  # what counts as a collapse in tables (others are precursors)

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from r3.errors import InputError, run_main
-from r3.hf import CheckpointError
-from r3.moe import RoutesError
-from r3.runfolder import RunFolderError
+from r3.scale.hf import CheckpointError
+from r3.model.moe import RoutesError
+from r3.runs.runfolder import RunFolderError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -76,7 +76,7 @@ def test_collapse_rule():
 def test_fidelity_without_a_direction_is_none_and_skipped():
     import torch
     from experiments.collapse import fidelity_points
-    from r3.fidelity import _cos
+    from r3.train.fidelity import _cos
     assert _cos(torch.zeros(3), torch.ones(3)) is None and abs(_cos(torch.ones(3), torch.ones(3)) - 1) < 1e-12
     rows = [{"fidelity/cos": 0.9, "fidelity/rel_err": 0.4, "fidelity/grad_norm": 2.0},
             {"fidelity/cos": None, "fidelity/rel_err": None, "fidelity/grad_norm": 2.0},  # logged since the fix

@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from r3.tasks import EOS, SYMBOL0, Cipher, make_task
-from r3.warmup import preset_config
+from r3.tasks.tasks import EOS, SYMBOL0, Cipher, make_task
+from r3.train.warmup import preset_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)

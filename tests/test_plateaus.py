@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from experiments import plateaus as P
-from r3.batch import Batch, save_batch
+from r3.rollout.batch import Batch, save_batch
 from r3.errors import InputError
-from r3.evaluate import heldout_examples
-from r3.tasks import EOS, SYMBOL0, TOK, Cipher, make_task
+from r3.train.evaluate import heldout_examples
+from r3.tasks.tasks import EOS, SYMBOL0, TOK, Cipher, make_task
 
 N = 4  # symbols per prompt
 TASK = f"cipher:{N}-{N}"

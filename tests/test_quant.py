@@ -3,9 +3,9 @@ touches exactly the weights it should (the router only for fp8-router), and the 
 import pytest
 import torch
 
-from r3.engine import ROLLOUT_DTYPES, Engine
-from r3.model import ModelConfig, build_model
-from r3.quant import FORMATS, quantise
+from r3.rollout.engine import ROLLOUT_DTYPES, Engine
+from r3.model.model import ModelConfig, build_model
+from r3.model.quant import FORMATS, quantise
 
 CFG = ModelConfig(num_hidden_layers=2, max_position_embeddings=64)
 

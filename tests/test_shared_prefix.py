@@ -4,11 +4,11 @@ lengths, padded responses, replayed routes and the dense twin; it is used only w
 prompt (tokens, validity, replayed routes), and computes fewer positions."""
 import torch
 
-from r3.engine import Engine
-from r3.model import PRESETS, build_model
-from r3.prefix import forward_shared_prefix, shared_prefix
-from r3.score import batch_groups, token_logp
-from r3.tasks import EOS, PAD, make_task
+from r3.rollout.engine import Engine
+from r3.model.model import PRESETS, build_model
+from r3.model.prefix import forward_shared_prefix, shared_prefix
+from r3.train.score import batch_groups, token_logp
+from r3.tasks.tasks import EOS, PAD, make_task
 
 
 def rollout(dense=False, dtype="bf16", seed=0):

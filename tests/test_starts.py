@@ -9,7 +9,7 @@ import torch
 
 from experiments import starts as S
 from r3.errors import InputError
-from r3.tasks import SYMBOL0, VOCAB, Cipher, make_task
+from r3.tasks.tasks import SYMBOL0, VOCAB, Cipher, make_task
 
 
 class Stub:

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import gloo_died, rank_errors
-from r3.config import TrainConfig, parse
-from r3.fsdp import global_mean
-from r3.grpo import MAX_METRICS
-from r3.hf import load_pretrained, save_pretrained
-from r3.model import ModelConfig, build_model
+from r3.train.config import TrainConfig, parse
+from r3.scale.fsdp import global_mean
+from r3.train.grpo import MAX_METRICS
+from r3.scale.hf import load_pretrained, save_pretrained
+from r3.model.model import ModelConfig, build_model
 from test_hf_parity import QWEN3_30B_A3B_CONFIG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from r3.errors import InputError
-from r3.tasks import EOS, SYMBOL0, SYMBOLS, WALK_GRAPH, WALK_MIN_T, _walk_counts, make_task
+from r3.tasks.tasks import EOS, SYMBOL0, SYMBOLS, WALK_GRAPH, WALK_MIN_T, _walk_counts, make_task
 
 
 def test_the_graph_has_out_degree_4_and_every_pair_is_joined_at_every_length_from_the_minimum():

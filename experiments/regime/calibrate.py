@@ -21,9 +21,9 @@ import torch
 from experiments.regime import design
 from experiments.regime.measure import Spec, deep_config, measure, setting_spec, start_model, step_model
 from experiments.sweep import finished, run_all
-from r3.io import atomic_write_json, read_jsonl
-from r3.tasks import make_task
-from r3.warmup import preset_config, warmed_up_model
+from r3.runs.io import atomic_write_json, read_jsonl
+from r3.tasks.tasks import make_task
+from r3.train.warmup import preset_config, warmed_up_model
 
 
 def _job(kind: str, name: str, seed: int, extra: dict) -> dict:
@@ -261,7 +261,7 @@ def main(args, t0: float) -> dict:
     walk = {T: summarise(res, "walk", str(T), design.DEPTH_SEEDS) for T in design.WALK_LENGTHS
             if f"walk-{T}-s{design.DEPTH_SEEDS[0]}" in res}
     demo = walk_demo(out, args.runs_dir, args.jobs) if "walk" not in args.skip else None
-    from r3.model import PRESETS
+    from r3.model.model import PRESETS
     preset_ok = depth["decided"] and PRESETS.get("qwen3-routing") == deep_config(depth["depth"], vocab=16)
     if depth["decided"] and not preset_ok:
         print(f"note: r3/model.py's qwen3-routing preset is not the depth rule's {depth['depth']} layers "

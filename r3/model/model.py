@@ -22,8 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
 
-from r3.moe import MLP, MoE, RoutesError, check_routes
-from r3.routing import routes_dtype
+from r3.model.moe import MLP, MoE, RoutesError, check_routes
+from r3.model.routing import routes_dtype
 
 
 @dataclass(frozen=True)

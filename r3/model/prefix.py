@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import torch
 
-from r3.model import Transformer, attention_mask, rope_cos_sin
-from r3.moe import check_routes
+from r3.model.model import Transformer, attention_mask, rope_cos_sin
+from r3.model.moe import check_routes
 
 
 class SharedPrefix(NamedTuple):

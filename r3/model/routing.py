@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from r3.moe import RoutesError
+from r3.model.moe import RoutesError
 
 CODECS = ("bool_mask", "bitmask", "int32", "uint8", "packed", "rank")
 SET_CODECS = ("bool_mask", "bitmask", "rank")  # decode ascending ids: the set is kept, the order is not

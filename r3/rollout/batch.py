@@ -39,13 +39,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from r3.engine_formats import EngineSample, routes_shaped, token_ids
+from r3.rollout.engine_formats import EngineSample, routes_shaped, token_ids
 from r3.errors import InputError, MissingInputError
-from r3.io import atomic_write
-from r3.moe import RoutesError
-from r3.routing import CODECS, DEFAULT_FILE_CODEC, decode_routes, encode_routes, \
+from r3.runs.io import atomic_write
+from r3.model.moe import RoutesError
+from r3.model.routing import CODECS, DEFAULT_FILE_CODEC, decode_routes, encode_routes, \
     routes_dtype
-from r3.validate import check_batch_fields, check_batch_model
+from r3.runs.validate import check_batch_fields, check_batch_model
 
 TENSORS = ("tokens", "attn_mask", "response_mask", "rollout_logp", "rewards", "group")
 BATCH_FILES = ("batch.safetensors", "manifest.json", "summary.json")  # what a batch folder may hold

@@ -25,10 +25,10 @@ import functools
 
 import torch
 
-from r3.batch import Batch
-from r3.model import Attention, KVCache, Transformer
-from r3.moe import Experts
-from r3.quant import FORMATS, is_router_weight, quantise, router_grid
+from r3.rollout.batch import Batch
+from r3.model.model import Attention, KVCache, Transformer
+from r3.model.moe import Experts
+from r3.model.quant import FORMATS, is_router_weight, quantise, router_grid
 
 ROLLOUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                   **{fmt: torch.bfloat16 for fmt in FORMATS}}  # low-bit formats: dequantised weights, bf16 compute

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from r3.errors import InputError
-from r3.moe import RoutesError, check_routes
-from r3.validate import LOGP_TOL
+from r3.model.moe import RoutesError, check_routes
+from r3.runs.validate import LOGP_TOL
 
 _WIRE_DTYPES = {"int32": torch.int32, "uint16": torch.uint16, "uint8": torch.uint8}
 

@@ -16,10 +16,10 @@ engine log-probs, so no step trains without replay.
 Left out: streaming, text prompts, multi-turn `routed_experts_start_len`, NCCL weight sync
 (update_weights_from_distributed / tensor).
 """
-from r3.remote_engine import RemoteEngine
-from r3.remote_http import RemoteEngineError
-from r3.remote_sglang import SGLangEngine
-from r3.remote_vllm import VLLMEngine
+from r3.rollout.remote_engine import RemoteEngine
+from r3.rollout.remote_http import RemoteEngineError
+from r3.rollout.remote_sglang import SGLangEngine
+from r3.rollout.remote_vllm import VLLMEngine
 
 ENGINES = {"sglang": SGLangEngine, "vllm": VLLMEngine}
 __all__ = ["ENGINES", "RemoteEngine", "RemoteEngineError", "SGLangEngine", "VLLMEngine", "make_engine",

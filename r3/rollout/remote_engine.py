@@ -21,12 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from r3.batch import Batch, batch_from_samples
-from r3.engine_formats import EngineSample
-from r3.fsdp import gather_full_state_dict, is_distributed
-from r3.hf import CheckpointError, load_config, save_pretrained
-from r3.io import atomic_write
-from r3.remote_http import RemoteEngineError, Server, log
+from r3.rollout.batch import Batch, batch_from_samples
+from r3.rollout.engine_formats import EngineSample
+from r3.scale.fsdp import gather_full_state_dict, is_distributed
+from r3.scale.hf import CheckpointError, load_config, save_pretrained
+from r3.runs.io import atomic_write
+from r3.rollout.remote_http import RemoteEngineError, Server, log
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 

@@ -22,9 +22,9 @@
 import json
 import uuid
 
-from r3.engine_formats import sglang_sample
-from r3.remote_engine import RemoteEngine, resolve_auto_dtype
-from r3.remote_http import RemoteEngineError, server_message
+from r3.rollout.engine_formats import sglang_sample
+from r3.rollout.remote_engine import RemoteEngine, resolve_auto_dtype
+from r3.rollout.remote_http import RemoteEngineError, server_message
 
 
 class SGLangEngine(RemoteEngine):

@@ -24,9 +24,9 @@ import uuid
 
 import torch
 
-from r3.engine_formats import EngineSample, check_logps, vllm_routes
-from r3.remote_engine import RemoteEngine
-from r3.remote_http import RemoteEngineError
+from r3.rollout.engine_formats import EngineSample, check_logps, vllm_routes
+from r3.rollout.remote_engine import RemoteEngine
+from r3.rollout.remote_http import RemoteEngineError
 
 _NPY_DTYPES = {"|u1": torch.uint8, "|i1": torch.int8, "<u2": torch.uint16, "<i2": torch.int16, "<i4": torch.int32,
                "<i8": torch.int64}

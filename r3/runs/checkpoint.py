@@ -26,9 +26,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from r3.errors import InputError
-from r3.io import atomic_write
-from r3.model import ModelConfig, Transformer
-from r3.validate import check_model_config, check_weight
+from r3.runs.io import atomic_write
+from r3.model.model import ModelConfig, Transformer
+from r3.runs.validate import check_model_config, check_weight
 
 SECTIONS = ("model", "optimizer", "engine", "rng", "step", "extra")
 

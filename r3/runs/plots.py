@@ -15,8 +15,8 @@ import math
 import os
 
 from r3.errors import MissingInputError, run_main
-from r3.guard import EMA_DECAY, ema_series
-from r3.io import read_jsonl
+from r3.train.guard import EMA_DECAY, ema_series
+from r3.runs.io import read_jsonl
 
 PANELS = [("reward", "reward", False), ("kl", "mismatch kl (k3)", True), ("extreme_frac", "F(2)", False),
           (("router_flip_rate", "token_flip_rate"), "flip rates", False), ("grad_norm", "grad norm (pre-clip)", True),

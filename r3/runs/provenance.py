@@ -27,9 +27,9 @@ import time
 
 import torch
 
-from r3.io import atomic_write_json
+from r3.runs.io import atomic_write_json
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # r3/runs/ -> root
 OUTPUT_DIRS = ("results/", "runs/")  # what commands write; a change there is an output, never code
 
 

@@ -26,7 +26,7 @@ import os
 import shutil
 
 from r3.errors import InputError
-from r3.io import append_jsonl, exchange, fsync_dir, write_jsonl
+from r3.runs.io import append_jsonl, exchange, fsync_dir, write_jsonl
 
 LOCK = ".lock"
 

@@ -19,7 +19,7 @@ import math
 import torch
 
 from r3.errors import InputError
-from r3.moe import RoutesError, check_routes
+from r3.model.moe import RoutesError, check_routes
 
 LOGP_TOL = 1e-4  # a log-prob above this is not a log-prob (log-softmax rounding stays far below it)
 DTYPES = dict(tokens=torch.int64, attn_mask=torch.bool, response_mask=torch.bool, rollout_logp=torch.float32,

@@ -38,9 +38,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from r3.hf import load_config, load_pretrained, read_state_dict, save_pretrained
-from r3.io import atomic_write
-from r3.model import ModelConfig, Transformer
+from r3.scale.hf import load_config, load_pretrained, read_state_dict, save_pretrained
+from r3.runs.io import atomic_write
+from r3.model.model import ModelConfig, Transformer
 
 FSDP_PARAM_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 

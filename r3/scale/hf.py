@@ -28,9 +28,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from r3.errors import InputError
-from r3.io import read_json_object
-from r3.model import ModelConfig, Transformer
-from r3.validate import check_model_config, check_weight
+from r3.runs.io import read_json_object
+from r3.model.model import ModelConfig, Transformer
+from r3.runs.validate import check_model_config, check_weight
 
 
 class CheckpointError(InputError):

@@ -12,7 +12,7 @@ CUDA context (~0.5-1 GiB) and NCCL buffers are not counted.
 """
 import torch
 
-from r3.model import ModelConfig
+from r3.model.model import ModelConfig
 
 GiB = 2 ** 30
 QWEN3_30B_A3B = ModelConfig(  # Qwen/Qwen3-30B-A3B config.json

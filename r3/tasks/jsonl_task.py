@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from r3.errors import InputError, MissingInputError
-from r3.hf import Tokenizer
-from r3.tasks import check_split, prompt_split
+from r3.scale.hf import Tokenizer
+from r3.tasks.tasks import check_split, prompt_split
 
 
 @dataclass(frozen=True)

@@ -29,12 +29,12 @@ import sys
 import torch
 from safetensors.torch import load_file
 
-from r3.batch import Batch, TENSORS, load_batch, rollout_folders
-from r3.config import INT_GE0, THREADS, RolloutConfig, check_flags
+from r3.rollout.batch import Batch, TENSORS, load_batch, rollout_folders
+from r3.train.config import INT_GE0, THREADS, RolloutConfig, check_flags
 from r3.errors import InputError, run_main
-from r3.moe import RoutesError
-from r3.metrics import kl_k3
-from r3.score import old_policy_pass, score
+from r3.model.moe import RoutesError
+from r3.train.metrics import kl_k3
+from r3.train.score import old_policy_pass, score
 
 MARGIN = 0.1  # a shifted alignment must beat the aligned one by this much overlap to be flagged
 MEANS = {
@@ -215,16 +215,16 @@ def render(r: dict) -> str:
 
 def load_checker_model(args):
     if args.preset is not None:
-        from r3.tasks import make_task
-        from r3.warmup import load_model
+        from r3.tasks.tasks import make_task
+        from r3.train.warmup import load_model
         model, _ = load_model(args.preset, dense=False, task=make_task(args.task), task_spec=args.task,
                               warmup_steps=args.warmup_steps, init_seed=args.init_seed, cache_dir=args.cache_dir,
                               progress=False)
         return model
     if os.path.isdir(args.model):
-        from r3.hf import load_pretrained
+        from r3.scale.hf import load_pretrained
         return load_pretrained(args.model, dtype=torch.float32).eval()
-    from r3.warmup import load_model
+    from r3.train.warmup import load_model
     return load_model(args.arch, path=args.model, dense=False, task=None, task_spec="", warmup_steps=0, init_seed=0,
                       arch=args.arch)[0]
 

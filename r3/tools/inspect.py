@@ -30,14 +30,14 @@ import time
 import torch
 from safetensors.torch import load_file, save_file
 
-from r3.batch import Batch, load_batch, save_batch
-from r3.config import INT_GE0, THREADS, check_flags
+from r3.rollout.batch import Batch, load_batch, save_batch
+from r3.train.config import INT_GE0, THREADS, check_flags
 from r3.errors import InputError, MissingInputError, run_main
-from r3.io import atomic_write, atomic_write_json
-from r3.metrics import extreme_frac, kl_k3, masked_mean
-from r3.plots import log_r_rgb, plot_inspection
-from r3.provenance import markdown_line, provenance
-from r3.score import score, token_logp
+from r3.runs.io import atomic_write, atomic_write_json
+from r3.train.metrics import extreme_frac, kl_k3, masked_mean
+from r3.runs.plots import log_r_rgb, plot_inspection
+from r3.runs.provenance import markdown_line, provenance
+from r3.train.score import score, token_logp
 
 SCORES = "scores.safetensors"
 LOG2 = math.log(2.0)
@@ -119,10 +119,10 @@ def summarize(batch: Batch, sc: dict) -> dict:
 def token_namer(vocab_size: int, tokenizer_path: str | None = None):
     """id → display string: the toy vocabulary, a checkpoint's tokenizer.json, else '#id'."""
     if tokenizer_path:
-        from r3.hf import load_tokenizer
+        from r3.scale.hf import load_tokenizer
         tok = load_tokenizer(tokenizer_path)
         return lambda i: tok.decode([i], skip_special_tokens=False)
-    from r3.tasks import VOCAB
+    from r3.tasks.tasks import VOCAB
     if vocab_size <= len(VOCAB):
         return lambda i: VOCAB[i]
     return lambda i: f"#{i}"
@@ -344,8 +344,8 @@ def load_source(args) -> tuple[Batch, dict, str, str | None]:
     tok = args.tokenizer or run_args.get("model")
     if os.path.exists(os.path.join(src, SCORES)):
         return batch, load_scores(src), f"r3 inspect: {src}", tok
-    from r3.tasks import make_task
-    from r3.warmup import load_model
+    from r3.tasks.tasks import make_task
+    from r3.train.warmup import load_model
     spec = args.task or batch.meta.get("task") or "sort"
     model, desc = load_model(args.preset, path=args.model, dense=batch.routes is None, task=make_task(spec),
                              task_spec=spec,

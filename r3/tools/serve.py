@@ -45,13 +45,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from r3.config import INT_GE0, PORT, POSITIVE, THREADS, SamplingConfig, check_flags
-from r3.engine import ROLLOUT_DTYPES, Engine
+from r3.train.config import INT_GE0, PORT, POSITIVE, THREADS, SamplingConfig, check_flags
+from r3.rollout.engine import ROLLOUT_DTYPES, Engine
 from r3.errors import run_main
-from r3.hf import CheckpointError, load_pretrained
-from r3.model import PRESETS
-from r3.tasks import make_task
-from r3.warmup import load_model
+from r3.scale.hf import CheckpointError, load_pretrained
+from r3.model.model import PRESETS
+from r3.tasks.tasks import make_task
+from r3.train.warmup import load_model
 
 WIRE_DTYPES = {"int32": torch.int32, "uint16": torch.uint16, "uint8": torch.uint8}
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from r3.batch import Batch
-from r3.engine import Engine
-from r3.grpo import group_advantages
-from r3.model import Transformer
-from r3.tasks import EOS, PAD, Example, Task
+from r3.rollout.batch import Batch
+from r3.rollout.engine import Engine
+from r3.train.grpo import group_advantages
+from r3.model.model import Transformer
+from r3.tasks.tasks import EOS, PAD, Example, Task
 
 
 @dataclass

@@ -17,9 +17,9 @@ import math
 import typing
 from dataclasses import dataclass, field, fields
 
-from r3.engine import ROLLOUT_DTYPES
-from r3.model import PRESETS
-from r3.score import REPLAY_MODES, default_chunk
+from r3.rollout.engine import ROLLOUT_DTYPES
+from r3.model.model import PRESETS
+from r3.train.score import REPLAY_MODES, default_chunk
 
 
 def _domain(text: str, ok):
@@ -217,7 +217,7 @@ class TrainConfig(SamplingConfig):
         if self.dense and self.replay != "none":
             raise ValueError("--dense has no router, so there are no routes to replay: drop --r3/--replay")
         if self.engine != "local":
-            from r3.remote import parse_engine
+            from r3.rollout.remote import parse_engine
             try:
                 parse_engine(self.engine)
             except ValueError as e:

@@ -18,8 +18,8 @@ process evaluates every prompt) and pass@k.
 """
 import torch
 
-from r3.engine import Engine
-from r3.collect import reward_batch
+from r3.rollout.engine import Engine
+from r3.train.collect import reward_batch
 
 
 def heldout_examples(task, n: int, seed: int = 0, *, eval_task=None) -> list:

@@ -18,9 +18,9 @@ weights are only read. A run with --fidelity-every N logs the same other metrics
 """
 import torch
 
-from r3.collect import reward_batch
-from r3.grpo import group_advantages, policy_loss
-from r3.score import batch_groups, old_policy_pass, token_logp, update_reads_pass, without_pass
+from r3.train.collect import reward_batch
+from r3.train.grpo import group_advantages, policy_loss
+from r3.train.score import batch_groups, old_policy_pass, token_logp, update_reads_pass, without_pass
 
 
 def arm_gradient(model, engine, task, examples, *, replay: str, seed: int, sample_kw: dict, loss_kw: dict,

@@ -16,18 +16,18 @@ from typing import NamedTuple
 
 import torch
 
-from r3.batch import load_rollouts
-from r3.checkpoint import model_digest
-from r3.collect import check_shardable
-from r3.config import TrainConfig
-from r3.engine import Engine
-from r3.evaluate import heldout_examples
-from r3.fsdp import load_policy
-from r3.hf import load_config, load_tokenizer
-from r3.jsonl_task import make_jsonl_task
-from r3.remote import make_engine
-from r3.tasks import EOS, PAD, make_task
-from r3.warmup import preset_config, warmed_up_model
+from r3.rollout.batch import load_rollouts
+from r3.runs.checkpoint import model_digest
+from r3.train.collect import check_shardable
+from r3.train.config import TrainConfig
+from r3.rollout.engine import Engine
+from r3.train.evaluate import heldout_examples
+from r3.scale.fsdp import load_policy
+from r3.scale.hf import load_config, load_tokenizer
+from r3.tasks.jsonl_task import make_jsonl_task
+from r3.rollout.remote import make_engine
+from r3.tasks.tasks import EOS, PAD, make_task
+from r3.train.warmup import preset_config, warmed_up_model
 
 
 class Policy(NamedTuple):

@@ -36,10 +36,10 @@ import torch.nn.functional as F
 
 from torch.distributed.fsdp import FSDPModule
 
-from r3.batch import Batch
-from r3.metrics import masked_mean, mismatch
-from r3.model import Transformer
-from r3.prefix import forward_shared_prefix, shared_prefix
+from r3.rollout.batch import Batch
+from r3.train.metrics import masked_mean, mismatch
+from r3.model.model import Transformer
+from r3.model.prefix import forward_shared_prefix, shared_prefix
 
 FULL_VOCAB_MAX = 4096  # keep the [B, T-1, V] log-softmax only up to this vocabulary size (toy: always)
 REPLAY_MODES = ("none", "r2", "r3")

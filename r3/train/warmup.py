@@ -36,13 +36,14 @@ from tqdm import tqdm
 
 from safetensors import safe_open
 
-from r3.checkpoint import checkpoint_config, load_weights, save_weights
-from r3.model import PRESETS, ModelConfig, Transformer, build_model
-from r3.tasks import EOS, PAD, Task
+from r3.runs.checkpoint import checkpoint_config, load_weights, save_weights
+from r3.model.model import PRESETS, ModelConfig, Transformer, build_model
+from r3.tasks.tasks import EOS, PAD, Task
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+R3 = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the r3 package
 PROBE_EVERY, PROBE_PROMPTS, PROBE_SAMPLES, PROBE_SEED = 5, 64, 2, 7_777
-WARMUP_SOURCES = tuple(os.path.join(HERE, f) for f in ("model.py", "moe.py", "warmup.py", "tasks.py", "checkpoint.py"))
+WARMUP_SOURCES = tuple(os.path.join(R3, f) for f in (
+    "model/model.py", "model/moe.py", "train/warmup.py", "tasks/tasks.py", "runs/checkpoint.py"))
 
 
 def preset_config(name: str, task: Task | None = None, *, dense: bool = False) -> ModelConfig:
@@ -79,8 +80,8 @@ def sft_tensors(examples, pad_id: int = PAD):
 
 def probe_reward(model: Transformer, task: Task) -> float:
     """Mean sampled reward of the model (fp32 engine, temperature 1) on the fixed probe set of `--warmup-until`."""
-    from r3.collect import reward_batch  # r3.collect imports the engine, which imports the model: not at the top
-    from r3.engine import Engine
+    from r3.train.collect import reward_batch  # collect imports the engine, which imports the model: not at the top
+    from r3.rollout.engine import Engine
     g = torch.Generator().manual_seed(PROBE_SEED)
     examples = task.sample(PROBE_PROMPTS, g, split="train")
     batch = Engine(model, "fp32").generate([e.prompt for e in examples], max_new_tokens=task.max_new_tokens,
@@ -239,7 +240,7 @@ def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, t
                                                        f"random init seed {init_seed}"
         return model.float().eval(), desc
     if os.path.isdir(path):  # an HF Qwen3-MoE folder, as train.py --model takes
-        from r3.hf import load_pretrained
+        from r3.scale.hf import load_pretrained
         return load_pretrained(path, dtype=torch.float32).eval(), f"HF checkpoint {path}"
     if not os.path.isfile(path):
         raise SystemExit(f"--model {path!r} is neither an HF checkpoint folder nor a safetensors file (save_weights)")
