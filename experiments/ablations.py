@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 from experiments.common import fmt, write_results
 from experiments.sweep import COMMON, RUNS_DIR, arm_run, run_all, summarize
 from r3.errors import run_main
-from r3.train.guard import ema_series
+from r3.runs.ema import ema_series
 from r3.runs.io import read_jsonl
 
 ARMS = {  # label: (replay, loss, is_correction, mini_steps)

@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt
 from experiments.sweep import COMMON, run_all, summarize
 from experiments.common import fmt, write_results
 from r3.errors import run_main
-from r3.train.guard import ema_series
+from r3.runs.ema import ema_series
 from r3.runs.io import read_jsonl
 
 RULE = dict(reward_ema_decay=0.9, reward_drop=0.3, peak_after_steps=5, heldout_drop=0.3, nonfinite=True)

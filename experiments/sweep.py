@@ -22,7 +22,7 @@ import time
 from tqdm import tqdm
 
 from r3.errors import InputError
-from r3.train.guard import ema_series
+from r3.runs.ema import ema_series
 from r3.runs.io import atomic_write, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

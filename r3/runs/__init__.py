@@ -5,6 +5,7 @@
   checkpoint.py  weights and resumable checkpoints (safetensors), the model digest
   runfolder.py   the locked run folder: resume, overwrite, metrics.jsonl
   provenance.py  the commit, command and machine behind a result
+  ema.py         the reward's running mean that the collapse guard watches and the figures show
   plots.py       one run's panels, runs overlaid (`python -m r3.plots`), the inspector's figure, TensorBoard
   process.py     CPU threads and the allocator
 """

@@ -15,7 +15,7 @@ import math
 import os
 
 from r3.errors import MissingInputError, run_main
-from r3.train.guard import EMA_DECAY, ema_series
+from r3.runs.ema import EMA_DECAY, ema_series
 from r3.runs.io import read_jsonl
 
 PANELS = [("reward", "reward", False), ("kl", "mismatch kl (k3)", True), ("extreme_frac", "F(2)", False),

@@ -14,20 +14,7 @@ only reports; train.py decides to checkpoint and stop or continue (`--on-collaps
 """
 import math
 
-EMA_DECAY = 0.9  # the reward running mean the guard watches, and that plots and tables show
-
-
-def ema_update(prev: float | None, x: float, decay: float = EMA_DECAY) -> float:
-    return x if prev is None else decay * prev + (1 - decay) * x
-
-
-def ema_series(xs, decay: float = EMA_DECAY) -> list[float]:
-    """The running mean the guard computes, at every step."""
-    out, prev = [], None
-    for x in xs:
-        prev = ema_update(prev, x, decay)
-        out.append(prev)
-    return out
+from r3.runs.ema import EMA_DECAY, ema_update
 
 
 class CollapseGuard:
