@@ -97,7 +97,7 @@ def test_tables_quoted_from_results_files_are_verbatim():
     results/mismatch_table.json."""
     import json
 
-    from experiments.mismatch_table import table
+    from experiments.mismatch.table import table
     sources: dict[str, list[list[str]]] = {}
     for f in sorted((ROOT / "results").rglob("*.md")):
         for t in tables(f.read_text(encoding="utf-8")):

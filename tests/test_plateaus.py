@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from experiments import plateaus as P
+from experiments.staleness import plateaus as P
 from r3.rollout.batch import Batch, save_batch
 from r3.errors import InputError
 from r3.train.evaluate import heldout_examples

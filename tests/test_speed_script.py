@@ -43,7 +43,7 @@ def test_opaque_grouped_mm_matches_grouped_mm_forward_and_backward():
     import torch
     import torch.nn.functional as F
     import r3.model.moe
-    from experiments.speed import opaque_experts, opaque_grouped_mm
+    from experiments.speed.__main__ import opaque_experts, opaque_grouped_mm
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(23, 16, generator=g, requires_grad=True)

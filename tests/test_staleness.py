@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from experiments import staleness as S
+from experiments.staleness import grid as S
 from experiments import sweep as W
 from experiments.stats import fisher_exact, paired_permutation_test, permutation_test
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from experiments import starts as S
+from experiments.staleness import starts as S
 from r3.errors import InputError
 from r3.tasks.tasks import SYMBOL0, VOCAB, Cipher, make_task
 

@@ -1,6 +1,6 @@
 """Ablations in the style of the paper's Table 1 and Zheng et al. (2512.01374), on the shared toy setting.
 
-  python -m experiments.ablations                       # 2 seeds, fp8-router rollout, the DEFAULT_ARMS
+  python -m experiments.collapse.ablations                       # 2 seeds, fp8-router rollout, the DEFAULT_ARMS
 
 Arms (each pair that is compared differs in exactly one flag; everything else is experiments.sweep.COMMON, the
 standard clipped update with the trainer's π_old, so that TIS / IcePop have a mismatch to correct):

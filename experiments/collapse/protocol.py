@@ -30,7 +30,6 @@ import matplotlib.pyplot as plt
 
 from experiments.sweep import COMMON, run_all, summarize
 from experiments.common import fmt, write_results
-from r3.errors import run_main
 from r3.runs.ema import ema_series
 from r3.runs.io import read_jsonl
 
@@ -341,6 +340,3 @@ def main(argv=None):
         phase(args, t0)
     print(f"wrote {args.out}/collapse.(md|json|png){' and phase.*' if args.phase else ''} in {time.time() - t0:.0f}s")
 
-
-if __name__ == "__main__":
-    run_main(main)

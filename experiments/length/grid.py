@@ -40,11 +40,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
-from experiments.staleness import (RULE_TEXT, _mean, cell_summary, cell_table, outcome_table, run_summary,
-                                   sustained_collapse, tests_table)
+from experiments.staleness.grid import (RULE_TEXT, _mean, cell_summary, cell_table, outcome_table, run_summary,
+                                        sustained_collapse, tests_table)
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
-from r3.errors import run_main
 from r3.runs.io import read_jsonl
 
 ACC = "eval/reward"
@@ -365,6 +364,3 @@ def main(argv=None):
                        t_star_relative=stars_rel, var_log_w_per_token=slope,
                        var_log_w_per_unit_T=slope_T), t0=t0, md=md)
 
-
-if __name__ == "__main__":
-    run_main(main)

@@ -1,6 +1,6 @@
 """What the engine's faster kernels did to the numbers the engine exists to produce: the mismatch, measured paired.
 
-  python -m experiments.numerics        # writes results/numerics.{json,md} (about 10 minutes on one core)
+  python -m experiments.mismatch.numerics        # writes results/numerics.{json,md} (about 10 minutes on one core)
 
 Two speed changes (docs/speed.md) replaced kernels of the rollout engine without changing what they compute:
   decode attention  low-precision engines: `r3.model.decode_attention` (q·k and the softmax in fp32, probabilities

@@ -13,7 +13,7 @@ The paper's Qwen3-30B-A3B numbers (48 MoE layers, SGLang vs Megatron) sit below 
 (MoE ≫ dense, MoE + R3 ≈ dense), not the values; flips_per_token scales with the number of layers.
 
 Writes markdown to stdout, OUT/mismatch_table.json and OUT/mismatch_table.png (kl per precision, log scale).
-  python -m experiments.mismatch_table                     # toy, bf16 fp16 fp8, 512 prompts × 8, 200 warm-up steps
+  python -m experiments.mismatch                     # toy, bf16 fp16 fp8, 512 prompts × 8, 200 warm-up steps
 The MoE warm-up is bit-reproducible only at a fixed thread count (--threads, default 1; the dense one is not
 sensitive): a different count gives a slightly different MoE, and its kl moves by about the printed s.e. or more.
 """
@@ -26,7 +26,6 @@ import torch
 from experiments.common import fmt, markdown_table, write_results
 from r3.train.collect import rollout
 from r3.rollout.engine import ROLLOUT_DTYPES
-from r3.errors import run_main
 from r3.train.metrics import kl_k3
 from r3.model.model import PRESETS
 from r3.train.score import old_policy_pass
@@ -173,6 +172,3 @@ def main(argv=None) -> dict:
     plot(results, args.presets, args.dtypes, args.warmup_steps, os.path.join(args.out, "mismatch_table.png"))
     return report
 
-
-if __name__ == "__main__":
-    run_main(main)

@@ -199,7 +199,7 @@ def walk_demo(out: str, runs_dir: str, jobs: int) -> dict:
     the grid's oracle/none/n4 flags otherwise: held-out accuracy by evaluation, and the mean entropy of the last 50
     steps that measured it."""
     from experiments.regime.grid import cell_run
-    from experiments.staleness import set_flag
+    from experiments.staleness.grid import set_flag
     runs = {}
     for task in DEMO_TASKS:
         for s in DEMO_SEEDS:

@@ -7,7 +7,7 @@ engine's log-probs as π_old, PPO and gradient clipping off, held-out accuracy e
 with start-matched seeds (`--warmup-until 0.3`, at most WARMUP_CAP steps) and the trainer's greedy held-out accuracy
 beside the engine's (`--eval-trainer`). Arms of a cell differ in --replay only; cells of a row in one flag.
 """
-from experiments.collapse import HEADLINE
+from experiments.collapse.protocol import HEADLINE
 
 SEEDS = tuple(range(8))  # start-matched; seeds 8 and up are kept unused, for reruns of key cells
 WARMUP_UNTIL, WARMUP_CAP = 0.3, 400

@@ -13,7 +13,7 @@ import os
 import statistics
 
 from experiments.regime import design
-from experiments.staleness import holm, max_drawdown, set_flag, sustained_collapse
+from experiments.staleness.grid import holm, max_drawdown, set_flag, sustained_collapse
 from experiments.stats import fisher_exact, paired_permutation_test
 
 

@@ -51,7 +51,7 @@ from transformers.utils import logging as hf_logging
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from experiments.common import fmt, markdown_table, write_results
-from experiments.numerics import legacy
+from experiments.mismatch.numerics import legacy
 from r3.rollout.engine import Engine
 from r3.errors import run_main
 from r3.scale.hf import save_pretrained
@@ -59,7 +59,7 @@ from r3.model.model import PRESETS, KVCache, ModelConfig, build_model
 import r3.model.moe
 from r3.model.moe import MoE
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # experiments/speed/ -> root
 # Qwen3-30B-A3B's ratios (hidden 2048, 32/4 heads of 128, 128 experts top-8 of width 768) at 1/8 the width
 QWEN3_RATIO = ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
                           num_key_value_heads=1, head_dim=64, moe_intermediate_size=96, num_experts=128,
@@ -376,8 +376,10 @@ def checkout(commit: str, tmp: str) -> str:
 
 
 def headline_flags(tree: str) -> list[str]:
-    """The tree's own `experiments.collapse.HEADLINE` (each commit is timed with the flags its sweeps ran)."""
-    code = "from experiments.collapse import HEADLINE; print(HEADLINE)"
+    """The tree's own HEADLINE (each commit is timed with the flags its sweeps ran): experiments.collapse.protocol's,
+    or experiments.collapse's in a commit made before the study folders."""
+    code = ("try:\n    from experiments.collapse.protocol import HEADLINE\nexcept ImportError:\n"
+            "    from experiments.collapse import HEADLINE\nprint(HEADLINE)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": tree})
     return out.stdout.split()
@@ -386,7 +388,7 @@ def headline_flags(tree: str) -> list[str]:
 def timed_run(tree: str, flags: list[str], steps: int, tmp: str, tag: str) -> dict:
     """One train.py run under experiments/step_timer.py; returns its timings and its metrics rows."""
     out, js = os.path.join(tmp, "runs", tag), os.path.join(tmp, tag + ".json")
-    cmd = [sys.executable, os.path.join(ROOT, "experiments", "step_timer.py"), tree, js, *flags, "--steps",
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "speed", "step_timer.py"), tree, js, *flags, "--steps",
            str(steps), "--out", out, "--overwrite", "--quiet", "--no-plot", "--threads", "1"]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": tree,
                                                                   "OMP_NUM_THREADS": "1"})

@@ -8,7 +8,7 @@ latency and 0.98x training throughput (i.e. ~1.02x step time) on GPUs with Qwen3
 figures are pending here (no GPU). Recording off (`record_routes=False`) only drops the cache copies: the model
 forward still returns the ids it used (top-k computes them anyway).
 
-    python -m experiments.overhead [--preset toy-wide] [--reps 11] [--out results/overhead.json]
+    python -m experiments.speed.overhead [--preset toy-wide] [--reps 11] [--out results/overhead.json]
 """
 import argparse
 import time

@@ -1,6 +1,6 @@
 """Run one `train.py` command in-process with each phase of the step timed; a helper of experiments/speed.py.
 
-    python experiments/step_timer.py TREE OUT.json TRAIN_FLAGS...
+    python experiments/speed/step_timer.py TREE OUT.json TRAIN_FLAGS...
 
 TREE is a checkout (this one, or an older commit unpacked by speed.py): its `train.py` is imported and run from its
 root, so the same harness times today's code and an old commit's. Each of train.py's phase functions that exists in

@@ -6,7 +6,7 @@ sequence times the geometry's layers and top-k. Anchors: SGLang / slime / vLLM i
 paper's bit-packed mask. Throughput: random routes (distinct ids in random order), one CPU thread, every codec
 timed side by side within each repetition, median over repetitions, in M token-layers per second of CPU time.
 
-    python -m experiments.storage [--rows 65536] [--reps 5] [--out results/storage.json]
+    python -m experiments.speed.storage [--rows 65536] [--reps 5] [--out results/storage.json]
 """
 import argparse
 import time

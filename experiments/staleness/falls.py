@@ -1,7 +1,7 @@
 """What moves before a fall: each sustained collapse of the staleness grid, its telemetry in the steps before it
 beside the same cell's stable seeds over the same steps.
 
-  python -m experiments.falls        # results/staleness/falls.{json,md,png}, from the committed records (seconds)
+  python -m experiments.staleness.falls   # results/staleness/falls.{json,md,png}, from the committed records (seconds)
 
 Exploratory, not pre-registered: the grid's rule and tests (experiments/staleness.py) decide its outcome; this page
 only looks at what the logged telemetry did before the falls, to suggest a mechanism, not to prove one.
@@ -37,7 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.common import fmt, write_results  # noqa: E402
-from experiments.staleness import FRESH, alias, cell_run, flag_value  # noqa: E402
+from experiments.staleness.grid import FRESH, alias, cell_run, flag_value  # noqa: E402
 from experiments.stats import paired_permutation_test  # noqa: E402
 from experiments.sweep import read_record  # noqa: E402
 from r3.errors import InputError, run_main  # noqa: E402

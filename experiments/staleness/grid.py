@@ -64,11 +64,10 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import matplotlib.lines
 
-from experiments.collapse import HEADLINE, collapse_step, with_lr
+from experiments.collapse.protocol import HEADLINE, collapse_step, with_lr
 from experiments.common import fmt, write_results
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
-from r3.errors import run_main
 
 RULE = dict(heldout_drop=0.3, heldout_consecutive=2, reward_ema_decay=0.9, reward_drop=0.3, reward_steps=50,
             peak_after_steps=5, nonfinite=True)
@@ -479,7 +478,7 @@ def sweep(args, cells: list[str], seeds, lr: float, runs_dir: str) -> dict:
     plan = [(c, s, *cell_run(c, s, lr, runs_dir, args.common, args.steps)) for s in seeds for c in cells
             if alias(c) == c]
     if not args.report:
-        from experiments.plateaus import keep_input  # plateaus imports this module: imported here, not at the top
+        from experiments.staleness.plateaus import keep_input  # plateaus imports this module: not at the top
         grid = os.path.dirname(runs_dir)
         run_all([(out, flags, steps) for _, _, out, flags, steps in plan], jobs=args.jobs,
                 log_dir=os.path.join(runs_dir, "logs"), records=records, on_finish=lambda out: keep_input(grid, out))
@@ -824,6 +823,3 @@ def main(argv=None):
     t0 = time.time()
     (pilot if args.pilot else controls if args.controls else grid)(args, t0)
 
-
-if __name__ == "__main__":
-    run_main(main)

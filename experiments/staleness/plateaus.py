@@ -1,10 +1,11 @@
 """Where a cipher run's held-out accuracy plateaus, and why: the symbols whose mapping it has got stuck on.
 
-  python -m experiments.plateaus RUN [RUN ...]                  # any cipher run folders (train.py --task cipher:N-N)
-  python -m experiments.plateaus --save-inputs results/staleness  # the grid's finished runs' late dumps, tokens only,
-                                                                  # into GRID/dumps/RUN.json.gz (kept; committed)
-  python -m experiments.plateaus --grid results/staleness         # the table from GRID/dumps and GRID/grid.json:
-                                                                  # GRID/plateaus.{json,md}, seconds
+  python -m experiments.staleness.plateaus RUN [RUN ...]
+        # any cipher run folders (train.py --task cipher:N-N)
+  python -m experiments.staleness.plateaus --save-inputs results/staleness
+        # the grid's finished runs' late dumps, tokens only, into GRID/dumps/RUN.json.gz (kept; committed)
+  python -m experiments.staleness.plateaus --grid results/staleness
+        # the table from GRID/dumps and GRID/grid.json: GRID/plateaus.{json,md}, seconds
 
 A cipher answer is exact only when every symbol of the prompt maps right, so a policy that maps a symbol wrong
 fails every prompt that holds it. This reads a run's late sample dumps (RUN/samples/stepN, the last --last of them;
@@ -29,7 +30,7 @@ import time
 from collections import Counter
 
 from experiments.common import fmt, write_results
-from experiments.staleness import cell_run
+from experiments.staleness.grid import cell_run
 from r3.rollout.batch import load_batch
 from r3.errors import InputError, run_main
 from r3.runs.io import atomic_write

@@ -1,7 +1,7 @@
 """Where each seed starts: the headline's supervised warm-up, scored per seed and per warm-up length.
 
-  python -m experiments.starts    # results/starts.{json,md,png}: seeds 0-7 x 80, 160, 320 warm-up steps (18 min
-                                  # on one shared core with the warm-ups to build; a minute with them cached)
+  python -m experiments.staleness.starts    # results/starts.{json,md,png}: seeds 0-7 x 80, 160, 320 warm-up steps
+                                            # (18 min on one shared core with the warm-ups to build; a minute cached)
 
 Exploratory. The staleness grid's seeds 3 and 4 hardly learned at N >= 4 mini-steps where seeds 0-2 reached the
 top, and their first RL step's reward was lower (grid.json's `start`); the grid's plateaus are runs stuck on one to
