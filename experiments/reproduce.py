@@ -239,7 +239,7 @@ REGISTRY = (
           check_wall_s=15, quick=True,
           checks=(Check("grid.json", default="the tables are a function of the committed run records"),),
           note="3 cells x 3 lengths x 6 seeds x 200 steps, + 2 positive controls at T = 1024 only if no replay "
-               "fell there (experiments.length CONTROLS_WHEN), one record per finished run; "
+               "fell there (experiments.length.grid CONTROLS_WHEN), one record per finished run; "
                "PARTIAL until grid.json says complete (shortest length first; `--report` rewrites the tables, the "
                "command resumes). The check remakes the tables from the committed records; the runs take about "
                "16 core-hours (3 min at T = 64 to ~30 min at T = 1024 on one thread)"),

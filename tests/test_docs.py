@@ -93,7 +93,7 @@ def tables(text: str) -> list[list[str]]:
 
 def test_tables_quoted_from_results_files_are_verbatim():
     """A docs table whose header row is that of a table in a committed results/**/*.md file must be one of those
-    tables, line for line; the mismatch tables must be what experiments.mismatch_table renders from the committed
+    tables, line for line; the mismatch tables must be what experiments.mismatch.table renders from the committed
     results/mismatch_table.json."""
     import json
 

@@ -62,7 +62,7 @@ def test_phase_diagram_and_rule(tmp_path):
 
 
 def test_collapse_rule():
-    from experiments.collapse.protocol import collapse_step
+    from experiments.rules import collapse_step
     row = lambda s, rew, **kw: dict(step=s, reward=rew, loss=0.0, grad_norm=1.0, **kw)  # noqa: E731
     assert collapse_step([row(s, 0.8) for s in range(50)]) == (None, None)
     steps = [row(s, 0.8) for s in range(20)] + [row(s, 0.0) for s in range(20, 60)]

@@ -1,7 +1,7 @@
-"""What this proves: experiments.falls reads its windows where its docstring says (the 50 steps before the evaluation
-that preceded a collapse, and the fall itself; n1fresh's steps scaled by its block size), compares a fallen run with
-the median of its cell's stable seeds only, and with height-matched windows of never-collapsed runs of its engine
-and N, and on the committed staleness records finds every sustained collapse of grid.json once; a missing grid
+"""What this proves: experiments.staleness.falls reads its windows where its docstring says (the 50 steps before the
+evaluation that preceded a collapse, and the fall itself; n1fresh's steps scaled by its block size), compares a fallen
+run with the median of its cell's stable seeds only, and with height-matched windows of never-collapsed runs of its
+engine and N, and on the committed staleness records finds every sustained collapse of grid.json once; a missing grid
 table is one clear error."""
 import json
 import math
@@ -49,7 +49,7 @@ def test_n1fresh_windows_bracket_the_fall_in_raw_steps():
     """An n1fresh run evaluates every 200 raw steps (50 blocks of 4); its accuracy falls at raw step 799. The rule,
     read on blocks, gives C; the fall window [C - 50, C] must hold the raw fall and the good evaluation before it
     (block C - 50), the window before it the evaluation before that and not the fall."""
-    from experiments.staleness.grid import run_summary
+    from experiments.rules import run_summary
     raw = [dict(step=s, reward=1.0, loss=0.0, grad_norm=1.0, **({"eval/accuracy": 0.9 if s < 799 else 0.1}
                                                               if s % 200 == 199 else {})) for s in range(1200)]
     C = run_summary("abc", raw, k=4)["collapse_step"]

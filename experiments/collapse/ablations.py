@@ -7,7 +7,7 @@ standard clipped update with the trainer's π_old, so that TIS / IcePop have a m
   GRPO, GRPO+TIS, GRPO+IcePop, GRPO+R3, GRPO+TIS+R3, GSPO, GSPO+R3, GRPO+R2   at --mini-steps 4 (the default set)
   none / R2 / R3                                                             at --mini-steps 1 and 2 (--arms)
 Published orderings to compare with: GRPO+R3 > GRPO+TIS > GRPO; R2 beats R3 at 2 mini-steps, R3 beats R2 at >= 4.
-Writes OUT/ablations.{md,json,png}. Runs are shared with experiments/collapse.py (same folder, same flags).
+Writes OUT/ablations.{md,json,png}. Runs are shared with experiments/collapse/protocol.py (same folder, same flags).
 """
 import argparse
 import os

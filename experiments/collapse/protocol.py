@@ -7,17 +7,16 @@ Arms (ARMS), everything else identical (`--common`, printed and saved):
   r3      --replay r3   --rollout-dtype D      the same engine; the update replays the engine's routes
   oracle  --replay none --rollout-dtype fp32   no precision mismatch: the control that shows a collapse of `none`
                                                is the mismatch's doing and not plain RL instability
-The collapse rule (RULE) is fixed here, before any run, and printed with every result: a run collapses at the first
-step where its reward EMA (decay 0.9) is >= 0.3 below its running peak (the peak taken after the first 5 steps), or
-its held-out accuracy (eval/accuracy, sampled) is >= 0.3 below its best so far, or its loss or grad norm is not
-finite. It is computed from metrics.jsonl, the same for every arm.
+The collapse rule (DIP_RULE, experiments/rules.py) was fixed before any run and is printed with every result: a run
+collapses at the first step where its reward EMA (decay 0.9) is >= 0.3 below its running peak (the peak taken after
+the first 5 steps), or its held-out accuracy (eval/accuracy, sampled) is >= 0.3 below its best so far, or its loss or
+grad norm is not finite. It is computed from metrics.jsonl, the same for every arm.
 Writes OUT/collapse.{md,json,png}, OUT/fidelity.png (runs keyed ARM-sSEED, each with collapse_step: null when
 stable) and, with --phase, OUT/phase.{md,json,png}. Runs live in --runs-dir (default OUT/runs); re-running resumes
 a partial sweep (finished runs are skipped, partial ones continue bit-identically), so longer horizons or more seeds
 extend it.
 """
 import argparse
-import math
 import os
 import re
 import statistics
@@ -28,22 +27,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from experiments.sweep import COMMON, run_all, summarize
 from experiments.common import fmt, write_results
+from experiments.rules import DIP_RULE, DIP_RULE_TEXT, collapse_step
+from experiments.sweep import HEADLINE, run_all, summarize, with_lr
 from r3.runs.ema import ema_series
 from r3.runs.io import read_jsonl
 
-RULE = dict(reward_ema_decay=0.9, reward_drop=0.3, peak_after_steps=5, heldout_drop=0.3, nonfinite=True)
-RULE_TEXT = ("collapse = first step where reward EMA(0.9) <= running peak (after step 5) - 0.3, or held-out "
-             "accuracy <= its best so far - 0.3, or loss / grad norm non-finite")
 ARMS = {"none": ("none", None), "r3": ("r3", None), "oracle": ("none", "fp32")}  # arm: (replay, dtype override)
 COLORS = {"none": "tab:red", "r3": "tab:blue", "oracle": "tab:gray"}
-# The headline setting: the toy on the cipher task (33-token responses, 80-token vocabulary; it climbs from 0 to
-# > 0.9 held-out accuracy) with the most exposed update: the engine's log-probs as π_old, PPO clipping and gradient
-# clipping off, held-out accuracy and gradient fidelity logged, the mismatch (kl, F(2), flips, staleness) every 10
-# steps (it changes nothing but the log; its forward is then skipped on 9 steps in 10). The same for every arm.
-HEADLINE = COMMON + (" --old-logp engine --clip-low 1 --clip-high 1e6 --grad-clip inf --fidelity-every 25 "
-                     "--mismatch-every 10")
 PHASE_LRS = (3e-4, 1e-3)
 PHASE_DTYPES = ("fp8-router", "int4")
 
@@ -66,30 +57,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
     return args
-
-
-def collapse_step(rows: list[dict]) -> tuple[int | None, str | None]:
-    """RULE applied to one run's metrics: (first collapsed step, why) or (None, None)."""
-    ema, peak, best_acc = None, -math.inf, -math.inf
-    for i, r in enumerate(rows):
-        if RULE["nonfinite"] and not all(math.isfinite(r[k]) for k in ("loss", "grad_norm")):
-            return r["step"], "nonfinite"
-        decay = RULE["reward_ema_decay"]
-        ema = r["reward"] if ema is None else decay * ema + (1 - decay) * r["reward"]
-        if i >= RULE["peak_after_steps"]:
-            peak = max(peak, ema)
-            if ema <= peak - RULE["reward_drop"]:
-                return r["step"], "reward_drop"
-        acc = r.get("eval/accuracy")
-        if acc is not None:
-            best_acc = max(best_acc, acc)
-            if acc <= best_acc - RULE["heldout_drop"]:
-                return r["step"], "heldout_drop"
-    return None, None
-
-
-def with_lr(common: str, lr: float | None) -> str:
-    return common if lr is None else re.sub(r"--lr\s+\S+", "", common).strip() + f" --lr {lr:g}"
 
 
 def own_lr(common: str, lr: float | None) -> float | None:
@@ -262,11 +229,11 @@ def headline(args, t0: float) -> None:
     plot_fidelity(rows, f"{args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, oracle fp32",
                   os.path.join(args.out, "fidelity.png"))
     write_results(os.path.join(args.out, "collapse.json"),
-                  dict(rule=RULE, rule_text=RULE_TEXT, common=args.common, steps=args.steps,
+                  dict(rule=DIP_RULE, rule_text=DIP_RULE_TEXT, common=args.common, steps=args.steps,
                        rollout_dtype=args.rollout_dtype, arms={a: ARMS[a] for a in args.arms},
                        runs={f"{a}-s{s}": m for (a, s), m in summ.items()}), t0=t0,
-                  md=f"Collapse rule (fixed before any run): {RULE_TEXT}.\n\nEvery arm: {setting}; arms differ only "
-                     f"in --replay / --rollout-dtype (oracle: fp32).\n\n{table}")
+                  md=f"Collapse rule (fixed before any run): {DIP_RULE_TEXT}.\n\nEvery arm: {setting}; arms differ "
+                     f"only in --replay / --rollout-dtype (oracle: fp32).\n\n{table}")
 
 
 def phase(args, t0: float) -> None:
@@ -298,9 +265,9 @@ def phase(args, t0: float) -> None:
     print(table)
     plot_phase(args, data, os.path.join(args.out, "phase.png"))
     write_results(os.path.join(args.out, "phase.json"),
-                  dict(rule=RULE, rule_text=RULE_TEXT, common=args.common, steps=steps, seeds=args.phase_seeds,
+                  dict(rule=DIP_RULE, rule_text=DIP_RULE_TEXT, common=args.common, steps=steps, seeds=args.phase_seeds,
                        cells=data), t0=t0,
-                  md=f"Collapse rule: {RULE_TEXT}.\n\nEvery run: `{with_lr(args.common, None)} --steps {steps}` "
+                  md=f"Collapse rule: {DIP_RULE_TEXT}.\n\nEvery run: `{with_lr(args.common, None)} --steps {steps}` "
                      f"with --lr and the rollout precision of its cell (oracle: fp32 in every column); seeds "
                      f"{args.phase_seeds}.\n\n{table}")
 
@@ -331,7 +298,7 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    print(f"collapse rule (pre-registered): {RULE_TEXT}")
+    print(f"collapse rule (pre-registered): {DIP_RULE_TEXT}")
     print(f"every arm: train.py {args.common} --steps {args.steps} --seed S, then none: --replay none "
           f"--rollout-dtype {args.rollout_dtype} | r3: --replay r3 --rollout-dtype {args.rollout_dtype} | "
           f"oracle: --replay none --rollout-dtype fp32")

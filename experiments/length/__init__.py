@@ -2,4 +2,5 @@
 Results in results/length/; read in docs/length.md.
 
   grid.py  the sizing, the learnability check and the grid (`python -m experiments.length`)
+Imports: r3, the shared modules at the top of experiments/ and this package; never another study.
 """

@@ -15,8 +15,9 @@ Cells ENGINE/ARM/TL (every other flag COMMON, each arm one flag from its neighbo
   at the longest length also the positive controls fp8-router/none+mis/T and fp8-router/none+tis/T
   (--is-correction on w(y): drop the rows outside [1/C, C], or truncate w at C; C = 2), run only when no replay
   collapsed there in at least one seed (CONTROLS_WHEN; --controls always / never overrides it).
-The rule is experiments.staleness's sustained-collapse rule with the held-out metric eval/reward (the fraction of
-answer positions right on held-out prompts: exact match of 64+ tokens is ~0 for every arm), fixed before any run.
+The rule is the staleness grid's sustained-collapse rule (experiments/rules.py) with the held-out metric eval/reward
+(the fraction of answer positions right on held-out prompts: exact match of 64+ tokens is ~0 for every arm), fixed
+before any run.
 Secondary rule (RELATIVE, added before any grid run, because the oracle's held-out reward at T = 1024 peaks near
 0.18 in 300 steps, so a fall of 0.3 cannot happen there and the primary rule can fire only on a non-finite loss):
 the same rule with "0.3 below its best / peak" read as "at most half its best / peak, once that is >= 0.1".
@@ -40,15 +41,15 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
-from experiments.staleness.grid import (RULE_TEXT, _mean, cell_summary, cell_table, outcome_table, run_summary,
-                                        sustained_collapse, tests_table)
+from experiments.rules import (RULE_TEXT, _mean, cell_summary, cell_table, outcome_table, run_summary,
+                               sustained_collapse, tests_table)
 from experiments.stats import fisher_exact, permutation_test
 from experiments.sweep import finished, run_all
 from r3.runs.io import read_jsonl
 
 ACC = "eval/reward"
 RELATIVE = dict(relative=0.5, floor=0.1)  # the secondary rule: a fall to half the best (or peak), once that is >= 0.1
-PRIMARY_TEXT = RULE_TEXT.split("; secondary")[0]  # experiments.staleness's primary rule; its secondary is not ours
+PRIMARY_TEXT = RULE_TEXT.split("; secondary")[0]  # the staleness grid's primary rule; its secondary is not ours
 RELATIVE_TEXT = "the same with a fall to at most half its best held-out reward / reward-EMA peak (once >= 0.1)"
 # The shared setting, fixed from the sizing and learnability measurements before the grid (docs/length.md):
 COMMON = ("--preset toy --warmup-steps 40 --prompts-per-step 2 --group-size 8 --mini-steps 1 --loss seq_is "

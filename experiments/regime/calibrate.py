@@ -20,7 +20,7 @@ import torch
 
 from experiments.regime import design
 from experiments.regime.measure import Spec, deep_config, measure, setting_spec, start_model, step_model
-from experiments.sweep import finished, run_all
+from experiments.sweep import finished, run_all, set_flag
 from r3.runs.io import atomic_write_json, read_jsonl
 from r3.tasks.tasks import make_task
 from r3.train.warmup import preset_config, warmed_up_model
@@ -199,7 +199,6 @@ def walk_demo(out: str, runs_dir: str, jobs: int) -> dict:
     the grid's oracle/none/n4 flags otherwise: held-out accuracy by evaluation, and the mean entropy of the last 50
     steps that measured it."""
     from experiments.regime.grid import cell_run
-    from experiments.staleness.grid import set_flag
     runs = {}
     for task in DEMO_TASKS:
         for s in DEMO_SEEDS:

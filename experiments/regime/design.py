@@ -2,12 +2,12 @@
 rule, the steps rule, the grid's cells, the collapse rule, the tests and the predictions. Nothing here is measured;
 `measure.py`, `grid.py` and `report.py` read it. Written 2026-12-06, before the first regime measurement.
 
-Every run is experiments.collapse's HEADLINE update (cipher:32-32, the toy, 16 prompts x 8 samples, lr 3e-4, the
+Every run is experiments.sweep's HEADLINE update (cipher:32-32, the toy, 16 prompts x 8 samples, lr 3e-4, the
 engine's log-probs as π_old, PPO and gradient clipping off, held-out accuracy every 50 steps, the mismatch every 10)
 with start-matched seeds (`--warmup-until 0.3`, at most WARMUP_CAP steps) and the trainer's greedy held-out accuracy
 beside the engine's (`--eval-trainer`). Arms of a cell differ in --replay only; cells of a row in one flag.
 """
-from experiments.collapse.protocol import HEADLINE
+from experiments.sweep import HEADLINE
 
 SEEDS = tuple(range(8))  # start-matched; seeds 8 and up are kept unused, for reruns of key cells
 WARMUP_UNTIL, WARMUP_CAP = 0.3, 400

@@ -17,7 +17,7 @@ times, above 1 is faster for tokens/s.
             `torch.compile` as the code stands (fp32 grouped_mm cannot be traced, so the expert path breaks the
             graph), and compiled with fp32 grouped_mm and its backward as opaque custom ops (a probe: the code does
             not use them); compile seconds, graphs per forward and the gradient's distance from eager's
-  step      the headline RL step (experiments.collapse HEADLINE flags, all their logging) at an older commit
+  step      the headline RL step (experiments.sweep HEADLINE flags, all their logging) at an older commit
             (--step-base) and at this checkout, alternated: marginal wall seconds per step on one thread (a
             --step-long run minus a --step-short one, so start-up cancels), where the time went (each train.py
             phase, experiments/step_timer.py), and whether the two trajectories are bit-identical
@@ -376,9 +376,9 @@ def checkout(commit: str, tmp: str) -> str:
 
 
 def headline_flags(tree: str) -> list[str]:
-    """The tree's own HEADLINE (each commit is timed with the flags its sweeps ran): experiments.collapse.protocol's,
-    or experiments.collapse's in a commit made before the study folders."""
-    code = ("try:\n    from experiments.collapse.protocol import HEADLINE\nexcept ImportError:\n"
+    """The tree's own HEADLINE (each commit is timed with the flags its sweeps ran): experiments.sweep's, or
+    experiments.collapse's in a commit made before the study folders."""
+    code = ("try:\n    from experiments.sweep import HEADLINE\nexcept ImportError:\n"
             "    from experiments.collapse import HEADLINE\nprint(HEADLINE)")
     out = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": tree})

@@ -3,8 +3,8 @@ beside the same cell's stable seeds over the same steps.
 
   python -m experiments.staleness.falls   # results/staleness/falls.{json,md,png}, from the committed records (seconds)
 
-Exploratory, not pre-registered: the grid's rule and tests (experiments/staleness.py) decide its outcome; this page
-only looks at what the logged telemetry did before the falls, to suggest a mechanism, not to prove one.
+Exploratory, not pre-registered: the grid's rule and tests (experiments/staleness/design.py) decide its outcome; this
+page only looks at what the logged telemetry did before the falls, to suggest a mechanism, not to prove one.
 
 The window. A collapse by the held-out rule is first seen at an evaluation step C; the evaluation before it (C - 50)
 was still within 0.3 of the best, so the fall began after C - 50. The window is the 50 steps before that evaluation,
@@ -37,9 +37,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from experiments.common import fmt, write_results  # noqa: E402
-from experiments.staleness.grid import FRESH, alias, cell_run, flag_value  # noqa: E402
+from experiments.staleness.design import FRESH, alias, cell_run  # noqa: E402
 from experiments.stats import paired_permutation_test  # noqa: E402
-from experiments.sweep import read_record  # noqa: E402
+from experiments.sweep import flag_value, read_record  # noqa: E402
 from r3.errors import InputError, run_main  # noqa: E402
 
 METRICS = {"eval/accuracy": "held-out accuracy", "grad_norm": "grad norm",

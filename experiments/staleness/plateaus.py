@@ -30,7 +30,7 @@ import time
 from collections import Counter
 
 from experiments.common import fmt, write_results
-from experiments.staleness.grid import cell_run
+from experiments.staleness.design import cell_run
 from r3.rollout.batch import load_batch
 from r3.errors import InputError, run_main
 from r3.runs.io import atomic_write

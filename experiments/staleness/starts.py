@@ -3,11 +3,11 @@
   python -m experiments.staleness.starts    # results/starts.{json,md,png}: seeds 0-7 x 80, 160, 320 warm-up steps
                                             # (18 min on one shared core with the warm-ups to build; a minute cached)
 
-Exploratory. The staleness grid's seeds 3 and 4 hardly learned at N >= 4 mini-steps where seeds 0-2 reached the
-top, and their first RL step's reward was lower (grid.json's `start`); the grid's plateaus are runs stuck on one to
-four cipher symbols (experiments.plateaus). Both could come from where the warm-up leaves a seed. This scores every
-warm-up checkpoint the headline would start from (`--preset toy --task cipher:32-32`, the seed as init seed, the
-same cache as train.py) on the 128 held-out prompts the grid evaluates on:
+Exploratory. The staleness grid's seeds 3 and 4 hardly learned at N >= 4 mini-steps where seeds 0-2 reached the top, and
+their first RL step's reward was lower (grid.json's `start`); the grid's plateaus are runs stuck on one to four cipher
+symbols (experiments.staleness.plateaus). Both could come from where the warm-up leaves a seed. This scores every
+warm-up checkpoint the headline would start from (`--preset toy --task cipher:32-32`, the seed as init seed, the same
+cache as train.py) on the 128 held-out prompts the grid evaluates on:
 
 - `sampled_reward`: the mean reward (share of symbols right) of 8 samples per prompt at temperature 1 from the fp32
   engine, the level the first RL step sees; `sampled_exact`: the share of those samples wholly right (the grid's
@@ -41,7 +41,7 @@ from r3.runs.io import read_json_object  # noqa: E402
 from r3.tasks.tasks import EOS, PAD, SYMBOL0, make_task  # noqa: E402
 from r3.train.warmup import preset_config, warmed_up_model  # noqa: E402
 
-TASK = "cipher:32-32"  # the headline's task and preset (experiments.collapse HEADLINE)
+TASK = "cipher:32-32"  # the headline's task and preset (experiments.sweep HEADLINE)
 PRESET = "toy"
 EVAL_PROMPTS = 128     # the grid's --eval-prompts: the same held-out prompts
 SAMPLES = 8            # the grid's --group-size
@@ -103,7 +103,8 @@ def grid_view(grid: str) -> dict:
                 for sym in r["stuck"]:
                     out.setdefault(seed, {}).setdefault("stuck", {}).setdefault(str(sym), []).append(r["run"])
         except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise InputError(f"{path}: not an experiments.plateaus result ({type(e).__name__}: {e})") from None
+            raise InputError(f"{path}: not an experiments.staleness.plateaus result ({type(e).__name__}: {e})") \
+                from None
     return out
 
 

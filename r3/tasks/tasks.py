@@ -19,7 +19,7 @@ The reward is dense: the fraction of answer positions the response gets right (a
 short is scored against the longer of the two), so GRPO groups have variance from the start. `info["exact"]` says
 whether the whole answer, EOS included, was right.
 
-The chain task is the long-response one (experiments/length.py): a two-token prompt and an answer as long as asked,
+The chain task is the long-response one (experiments/length/): a two-token prompt and an answer as long as asked,
 each answer token a function of the one before it (the cipher's 64-entry table). Its reward scores every position
 against PI of the token the response itself put before it (the EOS slot against EOS), so one slip costs one
 position rather than the rest of the answer. With 64 start symbols its held-out split holds 3 prompts.

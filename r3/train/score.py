@@ -6,7 +6,7 @@ gives the token the engine sampled at p+1: the same indexing as `Batch.rollout_l
 
   token_logp       one forward → `TokenLogp(logp, logp_V, routes, entropy)`; with autograd (the update calls it)
   old_policy_pass  the step's no-grad pass: log π_old, the routes the update will replay, the trainer's own
-                   routes, and every mismatch metric. train.py, rollout.py and experiments/mismatch_table.py all
+                   routes, and every mismatch metric. train.py, rollout.py and experiments/mismatch/table.py all
                    measure the mismatch through it, so the numbers mean the same thing everywhere.
   without_pass     what the update takes from a step that runs no pass: only the routes it replays. train.py skips
                    the pass when the update reads nothing it computes (`update_reads_pass` is False: no R2, the
