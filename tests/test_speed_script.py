@@ -1,4 +1,4 @@
-"""What this proves: experiments/speed.py runs end to end at CI size and writes its JSON and markdown table, with
+"""What this proves: experiments/speed/ runs end to end at CI size and writes its JSON and markdown table, with
 every section present, ratios computed, and our model and transformers' loaded with the same weights; the compile
 probe's opaque op is grouped_mm exactly."""
 import json
@@ -43,7 +43,7 @@ def test_opaque_grouped_mm_matches_grouped_mm_forward_and_backward():
     import torch
     import torch.nn.functional as F
     import r3.model.moe
-    from experiments.speed.__main__ import opaque_experts, opaque_grouped_mm
+    from experiments.speed.bench import opaque_experts, opaque_grouped_mm
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(23, 16, generator=g, requires_grad=True)

@@ -9,7 +9,8 @@ Two speed changes (docs/speed.md) replaced kernels of the rollout engine without
   fp32 MoE decode   the fp32 engine runs every expert on every token for batches up to 2^20 multiply-adds per
                     projection (`r3.moe.ALL_EXPERTS_MAX_MACS`; bf16 did so before), not the grouped GEMMs
 Both move rounding only, so the sampled tokens part ways now and then, and a training run's trajectory is not the
-one it was. `legacy()` puts the old kernels back inside this same code, so the comparison isolates the change.
+one it was. `legacy()` (experiments/legacy.py) puts the old kernels back inside this same code, so the comparison
+isolates the change.
 
 For each setting below, each warm-up seed (the init seeds the grids use) and each of BATCHES batches, both modes
 sample the same prompts with one freshly seeded generator (the same random numbers at every draw), and the fp32
@@ -20,16 +21,14 @@ accepted as rounding-only when no metric moved. Where the old and new kernels ar
 batches must be bit-identical, which the script checks.
 """
 import argparse
-import contextlib
 import os
 import time
 
 import torch
 import torch.nn.functional as F
 
-import r3.model.model
-import r3.model.moe
 from experiments.common import fmt, markdown_table, write_results
+from experiments.legacy import legacy
 from experiments.stats import paired_permutation_test
 from r3.rollout.engine import Engine
 from r3.errors import run_main
@@ -38,8 +37,8 @@ from r3.tasks.tasks import EOS, PAD, make_task
 from r3.train.warmup import load_model
 
 # (name, task, warm-up steps, engine dtype, prompts per batch, group size, seeds): the headline step's engine
-# (experiments.collapse HEADLINE), its oracle at the n1fresh controls' 32 rows, and the long-response study's engine
-# (experiments.length COMMON: 16 rows of chain:256)
+# (experiments.sweep HEADLINE), its oracle at the n1fresh controls' 32 rows, and the long-response study's engine
+# (experiments.length.grid COMMON: 16 rows of chain:256)
 SETTINGS = [("headline fp8-router", "cipher:32-32", 80, "fp8-router", 16, 8, range(8)),
             ("headline bf16", "cipher:32-32", 80, "bf16", 16, 8, range(4)),
             ("oracle fp32, 32 rows", "cipher:32-32", 80, "fp32", 4, 8, range(8)),
@@ -48,22 +47,6 @@ SETTINGS = [("headline fp8-router", "cipher:32-32", 80, "fp8-router", 16, 8, ran
 BATCHES = 4
 METRICS = ("kl", "extreme_frac", "router_flip_rate", "token_flip_rate", "response_length")
 P_MOVED = 0.05
-
-
-@contextlib.contextmanager
-def legacy():
-    """The engine's kernels before the change: SDPA for every decode step, all experts only in bf16."""
-    def sdpa(q, k, v, mask):
-        return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
-    saved = r3.model.model.decode_attention, dict(r3.model.moe.ALL_EXPERTS_MAX_MACS)
-    r3.model.model.decode_attention = sdpa
-    r3.model.moe.ALL_EXPERTS_MAX_MACS.pop(torch.float32, None)
-    try:
-        yield
-    finally:
-        r3.model.model.decode_attention = saved[0]
-        r3.model.moe.ALL_EXPERTS_MAX_MACS.clear()
-        r3.model.moe.ALL_EXPERTS_MAX_MACS.update(saved[1])
 
 
 def measure(model, engine, examples, *, group_size: int, max_new: int, seed: int) -> tuple[dict, torch.Tensor]:
