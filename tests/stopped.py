@@ -57,7 +57,7 @@ def main() -> None:
     if how == "save":
         write = r3.runs.checkpoint.atomic_write
 
-        def atomic_write(path, fn):  # r3.io.atomic_write, cut after its temporary file on the K-th save of ckpt.pt
+        def atomic_write(path, fn):  # r3.runs.io.atomic_write, cut after its temporary file on the K-th save of ckpt.pt
             count[0] += os.path.basename(path) == "ckpt.pt"
             if count[0] == k and os.path.basename(path) == "ckpt.pt":
                 fn(path + ".tmp")

@@ -1,9 +1,9 @@
-"""What this proves: the engine-import library (`r3.engine_formats`, `r3.batch.batch_from_samples`) refuses, where
-the data enters and naming the field, row and position, everything a saved rollout folder would refuse: NaN or
-positive log-probs, log-prob entries for other tokens than output_ids, token ids outside the vocabulary, NaN rewards,
-a None response, a None vLLM log-prob entry (one line naming its position), prev-routes of the wrong layer count, a
-meta.temperature string; a list where a tensor belongs is either taken as the same ids or refused by name; and the
-in-memory and on-disk checks give the same message."""
+"""What this proves: the engine-import library (`r3.rollout.engine_formats`, `r3.rollout.batch.batch_from_samples`)
+refuses, where the data enters and naming the field, row and position, everything a saved rollout folder would refuse:
+NaN or positive log-probs, log-prob entries for other tokens than output_ids, token ids outside the vocabulary, NaN
+rewards, a None response, a None vLLM log-prob entry (one line naming its position), prev-routes of the wrong layer
+count, a meta.temperature string; a list where a tensor belongs is either taken as the same ids or refused by name; and
+the in-memory and on-disk checks give the same message."""
 import base64
 import math
 import sys

@@ -1,4 +1,4 @@
-"""What this proves: the inspector's per-token numbers are r3/score.py's (their mismatch metrics equal
+"""What this proves: the inspector's per-token numbers are r3/train/score.py's (their mismatch metrics equal
 `old_policy_pass` on the same batch, without and with R3), a sample dump round-trips, the HTML page has the promised
 structure (one coloured, titled span per response token, flipped layers marked, a per-layer SVG histogram, no
 script), and `python -m r3.inspect` runs end to end on a rollout folder and on a run folder's dumps."""

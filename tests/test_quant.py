@@ -1,5 +1,6 @@
-"""What this proves: every low-bit rollout format round-trips weights within its format's error bound (r3/quant.py),
-touches exactly the weights it should (the router only for fp8-router), and the engine samples with each."""
+"""What this proves: every low-bit rollout format round-trips weights within its format's error bound
+(r3/model/quant.py), touches exactly the weights it should (the router only for fp8-router), and the engine samples with
+each."""
 import pytest
 import torch
 
@@ -15,7 +16,7 @@ def _amax_blocks(w, size):
     return w.abs().reshape(*w.shape[:-1], -1, g).amax(-1, keepdim=True).expand(*w.shape[:-1], -1, g).reshape(w.shape)
 
 
-# (format, per-element bound as a function of the weight): the bounds stated in r3/quant.py's docstring
+# (format, per-element bound as a function of the weight): the bounds stated in r3/model/quant.py's docstring
 BOUNDS = {
     "fp8": lambda w: w.abs() * 2 ** -4 + w.abs().amax(dim=(-2, -1), keepdim=True) / 448 * 2 ** -10,
     "fp8-channel": lambda w: w.abs() * 2 ** -4 + w.abs().amax(-1, keepdim=True) / 448 * 2 ** -10,

@@ -1,8 +1,8 @@
-"""What this proves: over HTTP, the SGLang client (r3/remote*.py) gets exactly the routes the server's engine recorded,
-R3 replay of an fp32 server's batch against the same weights gives kl ~ 0, weight sync really changes what the server
-samples (and syncing back reproduces the first samples, seed for seed), the vLLM client reads the split and combined
-route layouts, and a down, slow or misbehaving server is refused with an error that names the request. Fit for a
-cluster: two servers share a call's chunks (the batch equals one server's) and both load every sync, a server that
+"""What this proves: over HTTP, the SGLang client (r3/rollout/remote*.py) gets exactly the routes the server's engine
+recorded, R3 replay of an fp32 server's batch against the same weights gives kl ~ 0, weight sync really changes what the
+server samples (and syncing back reproduces the first samples, seed for seed), the vLLM client reads the split and
+combined route layouts, and a down, slow or misbehaving server is refused with an error that names the request. Fit for
+a cluster: two servers share a call's chunks (the batch equals one server's) and both load every sync, a server that
 missed one is refused; a loading server (refused, then 503) is waited out with a progress line; a stalled /generate
 is aborted rid by rid and retried, giving the batch a healthy server gives; a 4xx, a 404 /health or another
 architecture ends the call at once; a 503 is retried a bounded number of times; vLLM's 404 on the reload route names

@@ -1,4 +1,4 @@
-"""What this proves: the trainer's forward with each group's prompt computed once (r3/prefix.py) gives the plain
+"""What this proves: the trainer's forward with each group's prompt computed once (r3/model/prefix.py) gives the plain
 forward's logits (1e-5), routes (equal) and gradients (relative error 1e-5), with left-padded prompts of several
 lengths, padded responses, replayed routes and the dense twin; it is used only where rows really share their
 prompt (tokens, validity, replayed routes), and computes fewer positions."""

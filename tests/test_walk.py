@@ -1,6 +1,6 @@
-"""What this proves: walk:T is what r3/tasks.py says: a fixed strongly connected, aperiodic graph of out-degree 4 on
-the 64 symbols, every (s, e) joined by walks of every length T >= WALK_MIN_T, warm-up answers that are right and drawn
-uniformly among all right walks, and a reward that credits each right step of the response's own walk (the last
+"""What this proves: walk:T is what r3/tasks/tasks.py says: a fixed strongly connected, aperiodic graph of out-degree 4
+on the 64 symbols, every (s, e) joined by walks of every length T >= WALK_MIN_T, warm-up answers that are right and
+drawn uniformly among all right walks, and a reward that credits each right step of the response's own walk (the last
 must end on e) and the EOS slot."""
 import collections
 import math

@@ -86,7 +86,7 @@ def sweep(args, cells: list[tuple[str, int, str, float | None]], steps: int, run
 
 def fidelity_points(rows: list[dict]) -> list[dict]:
     """Steps with a fidelity measurement that has a direction. Where either gradient was zero (every group's rewards
-    tied, as on a solved task), r3.fidelity now logs None; logs written before that hold cos 0 and a rel err of
+    tied, as on a solved task), r3.train.fidelity now logs None; logs written before that hold cos 0 and a rel err of
     |g| / 1e-30 there, and are skipped by the same rule."""
     return [r for r in rows if r.get("fidelity/cos") is not None and r.get("fidelity/rel_err") is not None
             and r.get("fidelity/grad_norm", 1.0) > 0 and r["fidelity/rel_err"] < 1e10]

@@ -7,8 +7,8 @@
 With one mini-step there is no staleness: π_old is the policy that sampled, so the only thing between the loss and
 the on-policy gradient is the precision mismatch. --loss seq_is weighs each response by w(y) = π_θ(y) / μ(y), the
 product of its T token ratios, so Var[log w] ≈ 2·KL·T and the batch's effective sample size ≈ exp(-Var[log w])
-falls with the response length T (r3/grpo.py). The task is chain:T (r3/tasks.py): a two-token prompt, a T-token
-answer, each token a function of the one before it.
+falls with the response length T (r3/train/grpo.py). The task is chain:T (r3/tasks/tasks.py): a two-token prompt, a
+T-token answer, each token a function of the one before it.
 Cells ENGINE/ARM/TL (every other flag COMMON, each arm one flag from its neighbour):
   fp8-router/none/T   the mismatched engine, no replay       fp8-router/r3/T   the same engine, R3
   fp32/none/T         the oracle (no precision mismatch)

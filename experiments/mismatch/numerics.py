@@ -3,18 +3,18 @@
   python -m experiments.mismatch.numerics        # writes results/numerics.{json,md} (about 10 minutes on one core)
 
 Two speed changes (docs/speed.md) replaced kernels of the rollout engine without changing what they compute:
-  decode attention  low-precision engines: `r3.model.decode_attention` (q·k and the softmax in fp32, probabilities
-                    rounded to the compute dtype before P·V, as fused kernels do) in place of SDPA's CPU kernel,
-                    which computes the same in another order; fp32 engines keep SDPA
+  decode attention  low-precision engines: `r3.model.model.decode_attention` (q·k and the softmax in fp32,
+                    probabilities rounded to the compute dtype before P·V, as fused kernels do) in place of SDPA's CPU
+                    kernel, which computes the same in another order; fp32 engines keep SDPA
   fp32 MoE decode   the fp32 engine runs every expert on every token for batches up to 2^20 multiply-adds per
-                    projection (`r3.moe.ALL_EXPERTS_MAX_MACS`; bf16 did so before), not the grouped GEMMs
+                    projection (`r3.model.moe.ALL_EXPERTS_MAX_MACS`; bf16 did so before), not the grouped GEMMs
 Both move rounding only, so the sampled tokens part ways now and then, and a training run's trajectory is not the
 one it was. `legacy()` (experiments/legacy.py) puts the old kernels back inside this same code, so the comparison
 isolates the change.
 
 For each setting below, each warm-up seed (the init seeds the grids use) and each of BATCHES batches, both modes
 sample the same prompts with one freshly seeded generator (the same random numbers at every draw), and the fp32
-trainer scores both batches (`r3.score.old_policy_pass`): kl, F(2), router and token flip rates, mean response
+trainer scores both batches (`r3.train.score.old_policy_pass`): kl, F(2), router and token flip rates, mean response
 length, and the fraction of rows the two modes sampled identically. The rule, fixed before the first run: a metric
 *moved* when the exact sign-flip test on its paired differences over (seed, batch) gives p < 0.05; the change is
 accepted as rounding-only when no metric moved. Where the old and new kernels are the same (fp32 at 128 rows), the

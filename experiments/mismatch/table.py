@@ -5,7 +5,7 @@ For each preset and rollout precision, both the MoE model and its dense twin (sa
   dense       dense twin, normal forward
   MoE         MoE, the trainer's own routing
   MoE + R3    MoE, replaying the engine's recorded routes (same batch as the MoE row)
-Columns (over response tokens, `r3.metrics`): kl (k3, ×1e-3) ± its standard error over 8 chunks of prompts,
+Columns (over response tokens, `r3.train.metrics`): kl (k3, ×1e-3) ± its standard error over 8 chunks of prompts,
 kl_full (×1e-3), extreme_frac F(2), and for MoE rows the router flips of the trainer's *own* routing vs the rollout
 routes (identical in the MoE and MoE + R3 rows: same batch; R3 then overrides them, so the R3 forward itself has 0),
 and kl split into tokens where that routing flipped ≥ 1 layer vs tokens where it flipped none.

@@ -263,7 +263,7 @@ def main(args, t0: float) -> dict:
     from r3.model.model import PRESETS
     preset_ok = depth["decided"] and PRESETS.get("qwen3-routing") == deep_config(depth["depth"], vocab=16)
     if depth["decided"] and not preset_ok:
-        print(f"note: r3/model.py's qwen3-routing preset is not the depth rule's {depth['depth']} layers "
+        print(f"note: r3/model/model.py's qwen3-routing preset is not the depth rule's {depth['depth']} layers "
               f"(deep_config({depth['depth']}, vocab=16)); no timing until it is")
     timed = timing(args) if "timing" not in args.skip and preset_ok else None
     starts = [dict(seed=s, fixed80=res[f"fixed80-natural-s{s}"]["reward"],

@@ -8,7 +8,7 @@
                                       extreme_frac F(2), kl (k3) without and with R3, response length, entropy,
                                       exposure S = length x kl, and the sampled reward
   step_model(run_dir, spec, step)     the policy of a run at `step`, from its ckpt.pt (refused at any other step)
-Quantities are the ones r3/metrics.py logs during training, over the same response tokens.
+Quantities are the ones r3/train/metrics.py logs during training, over the same response tokens.
 """
 import dataclasses
 import os

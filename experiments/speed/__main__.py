@@ -21,7 +21,7 @@ times, above 1 is faster for tokens/s.
             (--step-base) and at this checkout, alternated: marginal wall seconds per step on one thread (a
             --step-long run minus a --step-short one, so start-up cancels), where the time went (each train.py
             phase, experiments/speed/step_timer.py), and whether the two trajectories are bit-identical
-Weights: our model is built, written with `r3.hf.save_pretrained` and read by transformers' `from_pretrained`;
+Weights: our model is built, written with `r3.scale.hf.save_pretrained` and read by transformers' `from_pretrained`;
 the JSON records the fp32 logit max-abs difference of the two on the same tokens (the parity check).
 
     python -m experiments.speed [--quick] [--sections moe train generate scaling] [--out results/speed.json]

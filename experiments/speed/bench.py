@@ -256,7 +256,7 @@ opaque_grouped_mm.register_autograd(_backward, setup_context=_save)
 
 @contextlib.contextmanager
 def opaque_experts():
-    """r3.moe's expert path with fp32 grouped_mm as the opaque ops above, also while compiling."""
+    """r3.model.moe's expert path with fp32 grouped_mm as the opaque ops above, also while compiling."""
     saved = r3.model.moe._grouped_mm, r3.model.moe._grouped_mm_ok
     r3.model.moe._grouped_mm = opaque_grouped_mm
     r3.model.moe._grouped_mm_ok = lambda x_PD, w_EOD: all(n * x_PD.element_size() % 16 == 0 for n in w_EOD.shape[1:])
@@ -316,7 +316,7 @@ def bench_compile(args, clock) -> list[dict]:
         arms[name] = compiled
     # all three timed in one interleaved run. The second arm's reset dropped the first arm's graphs (it clears
     # dynamo's caches, so that each arm's first call is a cold compile), and the first arm recompiles in the untimed
-    # warm-up round; then both arms' graphs live side by side (dynamo's guards on r3.moe's functions tell them
+    # warm-up round; then both arms' graphs live side by side (dynamo's guards on r3.model.moe's functions tell them
     # apart) and no call recompiles (seen with torch._dynamo's graph counter at CI size)
     t = interleaved(clock, {"eager": lambda: grad(model), **arms}, args.reps)
     for r in rows:

@@ -1,4 +1,4 @@
-"""Route storage: bytes and encode/decode throughput of every codec in r3/routing.py, beside production formats.
+"""Route storage: bytes and encode/decode throughput of every codec in r3/model/routing.py, beside production formats.
 
 Geometries: Qwen3-30B-A3B (128 experts, top-8, 48 layers), a 256-expert top-8 router (DeepSeek-V3-like; 48 layers
 here so its sample compares with Qwen's), and our toy (8 experts, top-2, 4 layers). The sample column is a 32K-token

@@ -21,7 +21,7 @@ PILOT_CELLS = ("fp32/none/n4", "fp8-router/none/n4")
 # fp8-router/none/n4 fell in 2 of 4 seeds (steps 249 and 999), at 5e-4 and 7e-4 in 0 of 4. At the higher lrs most
 # runs never learned (best held-out <= 0.06 in 12 of 16), so there was nothing to fall from; 3e-4 is the headline's.
 LR = 3e-4
-CADENCES = {"--eval-every": 50, "--val-every": 25, "--fidelity-every": 0, "--mismatch-every": 1,  # r3/config.py's
+CADENCES = {"--eval-every": 50, "--val-every": 25, "--fidelity-every": 0, "--mismatch-every": 1,  # r3/train/config.py's
             "--save-every": 50, "--dump-every": 50, "--lr-warmup": 10}                         # defaults
 TESTS = [("fp8-router/none/n{N}", "fp8-router/r3/n{N}"), ("fp8-router/none/n{N}", "fp8-router/r2/n{N}"),
          ("fp8-router/r2/n{N}", "fp8-router/r3/n{N}"), ("fp32/none/n{N}", "fp32/r2/n{N}"),

@@ -11,7 +11,7 @@ A cipher answer is exact only when every symbol of the prompt maps right, so a p
 fails every prompt that holds it. This reads a run's late sample dumps (RUN/samples/stepN, the last --last of them;
 each is one GRPO group, 8 samples of one prompt) and calls a symbol stuck when the response mapped it wrong in at
 least STUCK of its occurrences, in at least MIN_PROMPTS of the dumps' prompts. The cap k stuck symbols put on
-held-out accuracy is the share of the run's own held-out prompts (r3.evaluate.heldout_examples, the same for every
+held-out accuracy is the share of the run's own held-out prompts (r3.train.evaluate.heldout_examples, the same for every
 run of a task) that hold none of them; (1 - k/64)^n is that share in expectation, for n symbols drawn with
 replacement.
 
@@ -160,7 +160,7 @@ def keep_input(grid: str, run: str) -> bool:
         return False
 
 
-LEFT_BY_WRITERS = (".tmp", ".old", ".clear")  # a run folder set aside by r3.io / RunFolder.clear, not a run
+LEFT_BY_WRITERS = (".tmp", ".old", ".clear")  # a run folder set aside by r3.runs.io / RunFolder.clear, not a run
 
 
 def save_inputs(grid: str, last: int) -> list[str]:

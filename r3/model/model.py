@@ -1,7 +1,7 @@
 """A small, self-contained Qwen3-MoE transformer (and its dense twin), written to match HF `Qwen3MoeForCausalLM`.
 
 Architecture: RMSNorm computed in fp32 then multiplied by the weight; rotate_half RoPE; GQA attention
-with per-head RMSNorm on q and k before RoPE; every layer sparse (see `r3/moe.py`); untied `lm_head`.
+with per-head RMSNorm on q and k before RoPE; every layer sparse (see `r3/model/moe.py`); untied `lm_head`.
 Parameter names are HF's (`model.layers.3.self_attn.q_proj.weight`, `model.layers.3.mlp.gate.weight`, ...) except
 that the experts of a layer are stacked into three [E, ., .] tensors.
 
@@ -100,7 +100,7 @@ class KVCache:
 
     Keeping routes beside K/V means any reuse of cached positions (a shared prompt, an earlier turn) reuses the
     routes recorded when those positions were computed, kept in step by construction. They are stored in the dtype
-    the Batch keeps (`r3.routing.routes_dtype`: uint8 up to 256 experts), so the only cast is to int64 at replay.
+    the Batch keeps (`r3.model.routing.routes_dtype`: uint8 up to 256 experts), so the only cast is to int64 at replay.
 
     K and V are computed in `dtype` (the engine's) and held in fp32, which represents every bf16 / fp16 value
     exactly: `decode_attention` reads them without a cast each step, and a prefill chunk casts its slice back.
@@ -208,7 +208,7 @@ class Attention(nn.Module):
 
     def forward(self, x_BTD, cos, sin, mask, kv_cache: KVCache | None, layer: int, *, prefix=None, kv_out=None):
         """`mask`: bool [B, 1, T, S] (True = may attend), [B, 1, 1, S] for one new position, or None = causal.
-        `prefix`: (k, v) [B, Hkv, P, hd] of P earlier positions to attend to (r3/prefix.py; S = P + T); `kv_out`:
+        `prefix`: (k, v) [B, Hkv, P, hd] of P earlier positions to attend to (r3/model/prefix.py; S = P + T); `kv_out`:
         a list this call appends its own (k, v) to."""
         cfg = self.cfg
         B, T, _ = x_BTD.shape

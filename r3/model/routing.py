@@ -24,7 +24,7 @@ Defaults: in memory, `uint8` ids (`routes_dtype`): decode-free replay, order kep
 Corrupt input is refused with RoutesError naming the problem: a length that does not match the shape, ids out of
 range or duplicated, a mask row without exactly K experts, nonzero padding bits, a rank >= C(E, K).
 
-Engine formats (SGLang `routed_experts`, vLLM's combined and split layouts) are read by `r3/engine_formats.py`.
+Engine formats (SGLang `routed_experts`, vLLM's combined and split layouts) are read by `r3/rollout/engine_formats.py`.
 """
 import functools
 import math

@@ -15,16 +15,16 @@ same convention as SGLang's `routed_experts`. `loss_mask = response_mask[:, 1:]`
 target is a response token.
 
 On disk: `batch.safetensors` (tensors) + `manifest.json` (shapes, model/engine metadata). No pickle.
-Routes are stored encoded (`r3/routing.py`; default codec `rank`, the information limit for a top-k set): a flat uint8
-tensor `routes`, with the codec, shape and expert count in the safetensors header (`r3.routes_*` metadata) and
+Routes are stored encoded (`r3/model/routing.py`; default codec `rank`, the information limit for a top-k set): a flat
+uint8 tensor `routes`, with the codec, shape and expert count in the safetensors header (`r3.routes_*` metadata) and
 mirrored in the manifest. A set codec returns each row's ids ascending; replay does not depend on their order.
-The folder is written as one unit (temp folder, fsync, rename: `r3.io.atomic_write`), and the version-3 manifest
+The folder is written as one unit (temp folder, fsync, rename: `r3.runs.io.atomic_write`), and the version-3 manifest
 holds a SHA-256 of the content (`batch_digest`: every tensor, the routes header, the manifest itself), so a flipped
 bit, a partial copy or an edited manifest is refused at load. Version-2 folders (no checksum) load with a warning;
 version-1 folders (raw routes tensor) still load. `load_rollouts` reads one or many folders (natural order) and
-validates every field against a model config (`r3/validate.py`), naming the folder, field and row of anything that
+validates every field against a model config (`r3/runs/validate.py`), naming the folder, field and row of anything that
 does not fit. `batch_from_samples` builds a Batch from external-engine samples (SGLang / vLLM, see
-`r3/engine_formats.py`).
+`r3/rollout/engine_formats.py`).
 """
 import hashlib
 import json
@@ -253,7 +253,7 @@ def load_batch(in_dir: str) -> Batch:
     """Read a batch written by `save_batch`, refusing anything inconsistent with a message that names it.
 
     Checks: manifest fields, the file, the routes header, the checksum (version 3; older folders load with a
-    warning), then every field's dtype, shape and range (`r3.validate.check_batch_fields`).
+    warning), then every field's dtype, shape and range (`r3.runs.validate.check_batch_fields`).
     """
     return _load(in_dir)[0]
 
@@ -302,7 +302,7 @@ def load_rollouts(path: str, cfg, *, require_routes: bool = True) -> list[Batch]
     """Load one saved batch folder, or every batch folder below `path` (natural order), validated against `cfg`.
 
     cfg is a `ModelConfig`. Every field is checked (`load_batch`), then against the model
-    (`r3.validate.check_batch_model`): positions, vocabulary, and with `require_routes` (training with --r3) routes
+    (`r3.runs.validate.check_batch_model`): positions, vocabulary, and with `require_routes` (training with --r3) routes
     that fit: [rows, T-1, num_hidden_layers, num_experts_per_tok], ids in range, K distinct ids per (position, layer),
     recorded on a model with cfg.num_experts experts. Errors name the folder, field and row.
     Each Batch gets `meta["source"] = folder`.

@@ -9,9 +9,9 @@ Here the difference is made the way it arises there, never by injected noise:
         with one scale per tensor (per expert for the stacked experts), dequantised, and computed in bf16.
         The router, norms and embeddings stay bf16, as fp8 checkpoints usually keep them.
   fp8-channel, fp8-router, int4, fp4 (NVFP4), mxfp4: the other low-bit serving formats, each a weight round trip
-        computed in bf16; their error models are in `r3/quant.py`.
+        computed in bf16; their error models are in `r3/model/quant.py`.
   router_levels=N (any dtype): the routing-mismatch dial, the engine's router weight alone rounded per row to an
-        N-point grid (`r3.quant.router_grid`), in place of what the dtype does to the router. An amplifier.
+        N-point grid (`r3.model.quant.router_grid`), in place of what the dtype does to the router. An amplifier.
 
 `generate` prefills each prompt once, expands its KV cache (and the routes stored with it) to the G samples of
 its GRPO group, then decodes one token at a time. It returns a `Batch` whose `routes` hold, for every fed
@@ -190,7 +190,7 @@ class Engine:
         """Decode one token at a time from `last_BV`; returns (tokens, valid, logp, full logp or None), each [B, N].
         temperature 0: argmax, log-probs of the untempered softmax. With top_p < 1 the token is drawn from the
         nucleus but its log-prob is that of the whole tempered softmax, the distribution the trainer scores
-        (`r3.score.token_logp`), so the importance ratios compare like with like; the nucleus's own truncation is
+        (`r3.train.score.token_logp`), so the importance ratios compare like with like; the nucleus's own truncation is
         not corrected for (keep top_p 1 for RL, as the defaults do)."""
         B, dev = last_BV.shape[0], last_BV.device
         eos = torch.tensor(list(eos_ids), dtype=torch.long, device=dev)

@@ -16,7 +16,7 @@ Our Batch keeps routes [B, T-1, L, K] by input position, the same convention, so
 Slots an engine never fed get the distinct dummy ids 0..K-1, never zeros (K equal zeros is not a valid top-k set:
 a known production bug): batch padding, and the last token of a row shorter than the batch (an input position in
 our layout whose logits score padding). Both lie outside `loss_mask`. `sglang_sample` / `vllm_sample` build an
-`EngineSample`; `r3.batch.batch_from_samples` lays samples out as a Batch exactly as `Engine.generate` does.
+`EngineSample`; `r3.rollout.batch.batch_from_samples` lays samples out as a Batch exactly as `Engine.generate` does.
 """
 import base64
 import binascii
@@ -71,7 +71,8 @@ def routes_shaped(routes, cfg, n_tokens: int, where: str) -> torch.Tensor:
 
 
 def fit_routes(routes, cfg, n_tokens: int, where: str) -> torch.Tensor:
-    """`routes_shaped`, then every id checked (`r3.moe.check_routes`): in range, K distinct per position and layer."""
+    """`routes_shaped`, then every id checked (`r3.model.moe.check_routes`): in range, K distinct per position and
+    layer."""
     L, K, E = cfg.num_hidden_layers, cfg.num_experts_per_tok, cfg.num_experts
     routes = routes_shaped(routes, cfg, n_tokens, where)
     try:

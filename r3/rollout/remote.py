@@ -1,16 +1,16 @@
 """Remote rollout engines: SGLang or vLLM servers over HTTP, giving the same `Batch` as the in-process
-`r3.engine.Engine` (token ids out; token ids, the engine's log-probs and routes back), with weight sync through a
-folder that the trainer and every server read.
+`r3.rollout.engine.Engine` (token ids out; token ids, the engine's log-probs and routes back), with weight sync through
+a folder that the trainer and every server read.
 
     engine = make_engine("sglang:http://10.0.0.5:30000,http://10.0.0.6:30000", model.cfg, weights_dir="/shared/r3")
     engine.sync(model)       # every rank calls it (the FSDP gather is collective); rank 0 writes, every server loads
     batch = engine.generate(prompts, max_new_tokens=..., eos_ids=..., pad_id=..., group_size=G, temperature=...)
 
 The client, split by concern:
-  r3/remote_http.py     one server over HTTP: JSON exchanges, the start-up wait, bounded retries, time-outs
-  r3/remote_engine.py   what both engines share: several servers, chunked requests, seeds, weight sync, checks
-  r3/remote_sglang.py   SGLang's /generate, /update_weights_from_disk, /abort_request, /get_server_info
-  r3/remote_vllm.py     vLLM's /v1/completions and the dev-mode reload (VLLM_SERVER_DEV_MODE=1)
+  r3/rollout/remote_http.py     one server over HTTP: JSON exchanges, the start-up wait, bounded retries, time-outs
+  r3/rollout/remote_engine.py   what both engines share: several servers, chunked requests, seeds, weight sync, checks
+  r3/rollout/remote_sglang.py   SGLang's /generate, /update_weights_from_disk, /abort_request, /get_server_info
+  r3/rollout/remote_vllm.py     vLLM's /v1/completions and the dev-mode reload (VLLM_SERVER_DEV_MODE=1)
 How to launch the servers, and the flags each needs: docs/servers.md. No batch is returned without routes and
 engine log-probs, so no step trains without replay.
 Left out: streaming, text prompts, multi-turn `routed_experts_start_len`, NCCL weight sync

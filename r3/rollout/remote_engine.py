@@ -3,7 +3,7 @@
 A step's prompts are cut into chunks of `groups_per_request` GRPO groups (each prompt with its G samples). The chunks
 go round-robin to the servers (each call, and each rank under torchrun, starts at the next server, so one-chunk calls
 spread too), up to `inflight` per server at once, each with its own request ids and bounded retries
-(`r3.remote_http`). Samples come back in the order sent, whatever server answered: with deterministic servers a
+(`r3.rollout.remote_http`). Samples come back in the order sent, whatever server answered: with deterministic servers a
 step's batch does not depend on how many servers there are.
 
 Weights: `sync` writes the trainer's weights once, atomically, in HF layout to `weights_dir/policy` (a folder every

@@ -9,7 +9,7 @@
             client warns once when /get_server_info reports `enable_deterministic_inference` false.
   response  a list of {"output_ids", "meta_info": {"output_token_logprobs": [[logprob, id, text], ...],
             "routed_experts": base64, "routed_experts_dtype"?, "weight_version"}}, decoded by
-            `r3.engine_formats.sglang_sample`; a weight_version other than the one pushed last is refused.
+            `r3.rollout.engine_formats.sglang_sample`; a weight_version other than the one pushed last is refused.
   abort     POST /abort_request {"rid"} (entrypoints/http_server.py, `AbortReq`); the tokenizer manager aborts
             only a rid it holds exactly, so a timed-out request is aborted one rid at a time, then sent again
             with fresh ids.

@@ -7,8 +7,8 @@
             is wrapped in `with_cancellation` (entrypoints/utils.py), so the dropped connection aborts it there.
   response  choices[i].token_ids / .logprobs.token_logprobs / .routed_experts, plus the response-level
             prompt_routed_experts of split builds; routes as nested lists or base64 of a .npy file (newer builds);
-            layouts told apart by `r3.engine_formats.vllm_routes`. Start vLLM with `--logprobs-mode processed_logprobs`,
-            else its log-probs ignore the temperature.
+            layouts told apart by `r3.rollout.engine_formats.vllm_routes`. Start vLLM with `--logprobs-mode
+            processed_logprobs`, else its log-probs ignore the temperature.
   weights   vLLM has no stable reload route. Supported: POST /collective_rpc {"method": "reload_weights"} (the
             workers reload from their own model path: start vLLM on `weights_path`), then POST /reset_prefix_cache.
             Both exist only with VLLM_SERVER_DEV_MODE=1 (the server registers its dev routers only then): a 404

@@ -4,11 +4,11 @@
 the in-process engine's weights, both RNG streams (data and sampling), the step, and the collapse guard's state, so
 a killed run resumes bit-identically (train.py drops metrics lines logged after the checkpoint's step, and
 recomputes them). It is one `torch.save` file of tensors and plain containers, written to `NAME.tmp`, fsynced and
-renamed over `NAME` (`r3.io.atomic_write`): a SIGKILL mid-save leaves the previous checkpoint intact. A model with a
-NaN or inf parameter is not saved, so a bad step never replaces a good checkpoint. Loading uses `weights_only=True`
+renamed over `NAME` (`r3.runs.io.atomic_write`): a SIGKILL mid-save leaves the previous checkpoint intact. A model with
+a NaN or inf parameter is not saved, so a bad step never replaces a good checkpoint. Loading uses `weights_only=True`
 and checks the whole file first (every section, every RNG stream, the `extra` keys the caller needs, the model's
-keys and shapes, every weight a finite float: `r3.validate.check_weight`), so a refused checkpoint leaves the model,
-optimizer and generators untouched. Refusals raise `CheckpointFileError` (an InputError and a RuntimeError).
+keys and shapes, every weight a finite float: `r3.runs.validate.check_weight`), so a refused checkpoint leaves the
+model, optimizer and generators untouched. Refusals raise `CheckpointFileError` (an InputError and a RuntimeError).
 
 `save_weights` / `load_weights`: model weights alone, as safetensors with the model config in the metadata (the
 warm-up cache, and checkpoints rollout.py loads with `--model PATH`); `checkpoint_config` reads that config back.

@@ -5,7 +5,7 @@
 replaced by one atomic swap (`exchange`, Linux); where the OS cannot swap, by two renames, and a kill between them
 leaves no `path` but the old folder as `path + ".old"` and the new one as `path + ".tmp"`. `atomic_write_json`
 is the one-line form for small JSON files. `read_jsonl` / `append_jsonl` / `write_jsonl` read, extend (fsynced) and
-atomically replace a metrics log, one JSON object per line; `r3/runfolder.py` repairs a torn last line.
+atomically replace a metrics log, one JSON object per line; `r3/runs/runfolder.py` repairs a torn last line.
 """
 import ctypes
 import errno

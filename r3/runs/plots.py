@@ -3,7 +3,8 @@
   plot_run(records, path, title)          one run's metrics.jsonl, one panel per health signal (train.py, at the end)
   compare_runs(run_dirs, out_png)         runs overlaid: reward, held-out accuracy, kl, F(2), flips, grad norm; the
                                           legend names the flags that differ between the runs' args.json
-  plot_inspection(data, path, title)      |log r| on flipped vs unflipped tokens, without and with R3 (r3/inspect.py)
+  plot_inspection(data, path, title)      |log r| on flipped vs unflipped tokens, without and with R3
+                                          (r3/tools/inspect.py)
   python -m r3.plots RUN_A RUN_B ... [--out compare.png]
 
 matplotlib is imported inside each function (Agg backend), so importing this module costs nothing.
@@ -132,8 +133,8 @@ def compare_runs(run_dirs: list[str], out_png: str, *, title: str = "", labels: 
 
 
 def plot_inspection(data: dict, path: str, title: str = "") -> None:
-    """data (r3/inspect.py): abs_log_r {normal, r3: per-token lists}, flips (flipped layers per token),
-    layer_flip_rate, examples ((prompt, tokens) of r3.inspect.row_tokens), summary."""
+    """data (r3/tools/inspect.py): abs_log_r {normal, r3: per-token lists}, flips (flipped layers per token),
+    layer_flip_rate, examples ((prompt, tokens) of r3.tools.inspect.row_tokens), summary."""
     plt = _plt()
     import numpy as np
     fig = plt.figure(figsize=(14, 8.5))

@@ -8,7 +8,7 @@ the check that a resumed run is the run that was saved.
   metrics = read_metrics(path)    # repairs a torn last line (with a message); refuses other damage naming the line
   check_steps(metrics)            # steps must be 0..n-1; otherwise a message that says which is missing or repeated
   truncate_metrics(path, step)    # keep the lines with step < `step` (resume): a new file, renamed over the old
-  append_metrics(path, record)    # one fsynced line (`r3.io.append_jsonl`)
+  append_metrics(path, record)    # one fsynced line (`r3.runs.io.append_jsonl`)
   check_resume(saved, new, keys, allow)   # refuse a resume whose run-defining fields differ, naming each one
   run.record_resume(step, changes)        # log an allowed change in OUT/resumes.jsonl
   check_output_folder(path, flag)         # before any work: `path` can be a folder (not a file, nor below one)

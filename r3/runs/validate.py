@@ -9,10 +9,10 @@ bad input stops a run at load instead of crashing deep in step 0 or, worse, trai
   check_model_config(cfg, where)          positive integer sizes, top_k <= num_experts, heads divide, ...
   check_weight(t, name, where)            a weight tensor as read from a file: a float dtype where a float parameter
                                           belongs (no silent cast of integers or unscaled fp8), every value finite
-Command-line flags are checked against their domains in `r3/config.py`.
+Command-line flags are checked against their domains in `r3/train/config.py`.
 
 Left out on purpose: the meaning of a batch (are the rewards right for the task, were the log-probs computed at the
-temperature the manifest says). A checksum (r3/batch.py) guards the bytes; nothing here can guard the semantics.
+temperature the manifest says). A checksum (r3/rollout/batch.py) guards the bytes; nothing here can guard the semantics.
 """
 import math
 

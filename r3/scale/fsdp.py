@@ -96,7 +96,7 @@ def load_full_state_dict_broadcast(model: Transformer, path_or_state: str | dict
                                    dtype: torch.dtype | None = None) -> None:
     """Fill a sharded (possibly `to_empty`) model from a full state dict that only rank 0 reads.
 
-    path_or_state on rank 0: an HF checkpoint folder (read with the strict loader of `r3.hf`) or a full state
+    path_or_state on rank 0: an HF checkpoint folder (read with the strict loader of `r3.scale.hf`) or a full state
     dict in our names; on other ranks it is ignored (pass None). Each rank keeps only its shards.
     dtype: what rank 0 reads the file as; None = the checkpoint's stored dtype (bf16 for Qwen3: half the host
     memory of fp32). The values are then copied into the model's own (e.g. fp32 master) parameters.
@@ -118,7 +118,7 @@ def load_full_state_dict_broadcast(model: Transformer, path_or_state: str | dict
 def gather_full_state_dict(model: Transformer, *, rank0_only: bool = True) -> dict[str, torch.Tensor]:
     """Full (unsharded) CPU tensors in our names: on rank 0 only ({} elsewhere), or on every rank.
 
-    Every rank must call it (it all-gathers). Write it with `r3.hf.save_pretrained(model, path, state_dict=sd)`.
+    Every rank must call it (it all-gathers). Write it with `r3.scale.hf.save_pretrained(model, path, state_dict=sd)`.
     rank0_only=False puts a full copy on every rank (on the GPU first): fine for toy models and for syncing an
     in-process `Engine`, not for a 30B model.
     """

@@ -6,7 +6,8 @@
              in param_dtype, plus one block's unsharded gradient before its reduce-scatter
   activations  an *estimate*: with activation checkpointing, every block's input plus one block's working set;
              without, every block's working set. Attention is assumed fused (no [T, T] scores kept)
-  logits     one chunk of `r3.score.chunked_logprobs`: vocab_chunk positions × V in fp32, ×3 (logits, probs, grad)
+  logits     one chunk of `r3.train.score.chunked_logprobs`: vocab_chunk positions × V in fp32, ×3 (logits, probs,
+             grad)
 The static part is exact arithmetic; the rest is an estimate good to tens of percent. Allocator fragmentation,
 CUDA context (~0.5-1 GiB) and NCCL buffers are not counted.
 """

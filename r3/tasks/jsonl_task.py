@@ -6,13 +6,13 @@ Other field names: `jsonl:FILE:QUESTION_KEY:ANSWER_KEY`, e.g. `jsonl:gsm8k.jsonl
 A bad line (not UTF-8, not JSON, a missing or mistyped field) is refused naming the file and line, and
 `JsonlTask.check_lengths` names the first line whose prompt the model's positions cannot hold.
 
-Prompts are wrapped in the checkpoint tokenizer's ChatML template (`r3.hf.Tokenizer.encode_chat`). The reward is
+Prompts are wrapped in the checkpoint tokenizer's ChatML template (`r3.scale.hf.Tokenizer.encode_chat`). The reward is
 1.0 when the content of the response's last `\\boxed{...}` (nested braces allowed) equals the reference with all
 whitespace removed, else 0.0; a reference that itself contains \\boxed{...} is compared by its boxed content.
 A response whose last \\boxed is never closed (cut off by the length limit) scores 0.
 
-Same interface as the toy tasks (`r3.tasks.Task`): `sample(n, generator, split)` → examples with `.prompt` token ids,
-`reward(response_ids, example)` → (reward, info), `max_new_tokens`, `name`.
+Same interface as the toy tasks (`r3.tasks.tasks.Task`): `sample(n, generator, split)` → examples with `.prompt` token
+ids, `reward(response_ids, example)` → (reward, info), `max_new_tokens`, `name`.
 """
 import json
 import math
@@ -124,7 +124,7 @@ class JsonlTask:
         return prompt_split(ex.question)
 
     def split_rows(self, split: str | None) -> list[int]:
-        """Row indices of a split (`r3.tasks.prompt_split` of the question text); None = every row."""
+        """Row indices of a split (`r3.tasks.tasks.prompt_split` of the question text); None = every row."""
         check_split(split)
         return [i for i, (q, _) in enumerate(self.rows) if split is None or prompt_split(q) == split]
 

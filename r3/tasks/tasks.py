@@ -8,7 +8,7 @@ and 64 more symbols s0 .. s63 (ids 16-79) for the tasks that need a vocabulary w
   cipher   x1 .. xn =        →  PI(x1) .. PI(xn), <eos>   (PI: one fixed permutation; default n = 32)
   chain    s =               →  PI(s), PI(PI(s)), ... (T symbols), <eos>   (chain:T, default T = 256)
   walk     s e =             →  any walk s → a1 → ... → aT = e on a fixed graph (out-degree 4), <eos>   (walk:T)
-A task's `vocab_size` is the vocabulary its model needs (`r3.warmup.preset_config` widens a preset to it).
+A task's `vocab_size` is the vocabulary its model needs (`r3.train.warmup.preset_config` widens a preset to it).
 
 The cipher task is the headline setting's (README, "The headline"): after 80 supervised warm-up steps the toy
 samples 0 % exact answers, and RL lifts held-out accuracy to 0.46-0.97 within 400 steps on the init seeds whose
@@ -36,7 +36,7 @@ split is the same on every machine, seed and run. `sample(n, g, split="train")` 
 redraws); `split=None` (the default) draws from all prompts, the stream every earlier run used, bit for bit.
 
 Tasks sit at the bottom of the import graph: they know token ids and rewards, nothing about models or engines
-(`r3/collect.py` samples and rewards them).
+(`r3/train/collect.py` samples and rewards them).
 """
 import functools
 import hashlib
@@ -178,7 +178,7 @@ class Chain(Task):
     """Follow PI (the cipher's permutation) for T steps from a start symbol; see the module docstring."""
     name = "chain"
     vocab_size = len(VOCAB)
-    widens_positions = True  # a preset grows its position limit to the answer (r3.warmup.preset_config)
+    widens_positions = True  # a preset grows its position limit to the answer (r3.train.warmup.preset_config)
     max_prompt_len = 2
     max_answer_len = property(lambda self: self.max_len)
 

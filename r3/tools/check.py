@@ -5,21 +5,21 @@
 
 Per MoE layer, over the positions an engine fed (a real token followed by a real token): the overlap of the recorded
 top-k set with the trainer's own, |recorded ∩ own| / K, and the flip rate (sets differ); then the kl of the trainer
-against the engine's log-probs without and with replay (`r3.score.old_policy_pass`, `r3.score.score`). A healthy
-run: overlap far above
-chance (K / E), a flip rate of a few to ~10 % for a bf16 engine (arXiv 2510.11370 measures 10 % on Qwen3-30B-A3B),
-and a lower kl with replay. Detectors for what the field's bug reports show goes wrong, each with what it likely means:
+against the engine's log-probs without and with replay (`r3.train.score.old_policy_pass`, `r3.train.score.score`). A
+healthy run: overlap far above chance (K / E), a flip rate of a few to ~10 % for a bf16 engine (arXiv 2510.11370
+measures 10 % on Qwen3-30B-A3B), and a lower kl with replay. Detectors for what the field's bug reports show goes wrong,
+each with what it likely means:
   layer shift      recorded layer l agrees better with trained layer l +- 1 than with l
   position shift   recorded position p agrees better with trained position p +- 1
   another model    overlap near chance
   zero padding     rows whose K ids are not distinct (K zeros: padding written as 0)
   empty layer      a layer whose fed rows are all zero
   bad ids          ids outside [0, E), e.g. -1 for "no routed experts"
-Rollout folders are read with `r3.batch.load_batch`; a folder it refuses for its routes (duplicates, ids out of
+Rollout folders are read with `r3.rollout.batch.load_batch`; a folder it refuses for its routes (duplicates, ids out of
 range, in an int32 / uint8 file) is read raw so that the checker can report it. `check_alignment(model, batches)` is
 the library form (any `Batch`es, e.g. built by your own converter); `render` prints a report.
-Left out: other stacks' dump formats (convert with r3.engine_formats.sglang_sample / vllm_sample + batch_from_samples),
-per-token drill-down, models with dense layers (the loader refuses them).
+Left out: other stacks' dump formats (convert with r3.rollout.engine_formats.sglang_sample / vllm_sample +
+batch_from_samples), per-token drill-down, models with dense layers (the loader refuses them).
 """
 import argparse
 import json
@@ -75,7 +75,7 @@ def load_raw(folder: str) -> Batch:
 
 
 def find_batches(path: str) -> list[Batch]:
-    """Every batch folder of `path` (`r3.batch.rollout_folders`: a gap in the steps is refused), read raw."""
+    """Every batch folder of `path` (`r3.rollout.batch.rollout_folders`: a gap in the steps is refused), read raw."""
     out = []
     for d in rollout_folders(path):
         b = load_raw(d)

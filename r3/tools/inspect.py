@@ -6,15 +6,15 @@
 
 A sample dump (`dump_samples`, called by the trainer before its update) is a rollout folder plus `scores.safetensors`:
 the per-token numbers below, computed at that step with the weights of that step, so no checkpoint is needed later.
-Per response position p (scoring token p+1), all from `r3.score.score`, so that `r3.metrics.mismatch` of them equals
-`r3.score.old_policy_pass`'s metrics on the same batch:
+Per response position p (scoring token p+1), all from `r3.train.score.score`, so that `r3.train.metrics.mismatch` of
+them equals `r3.train.score.old_policy_pass`'s metrics on the same batch:
   logp_engine   the rollout engine's log-prob of the sampled token (`batch.rollout_logp`)
   logp_normal   the fp32 trainer's, router picks the experts (no replay);  log r = logp_normal − logp_engine
   logp_r3       the fp32 trainer's, replaying the recorded routes (R3)
   entropy       of the trainer's (no replay) next-token distribution
   flipped       [L] per MoE layer: the trainer's own top-k set differs from the recorded one
 Output: a self-contained HTML page (tokens coloured by log r, flipped layers on hover and underneath, per-layer flip
-histogram as inline SVG, summary table), a PNG (`r3.plots.plot_inspection`) and a plain-text view on stdout.
+histogram as inline SVG, summary table), a PNG (`r3.runs.plots.plot_inspection`) and a plain-text view on stdout.
 Left out: JavaScript, multi-turn turn boundaries (every response token is shown as one response), and FSDP: the
 dump runs one forward on one process, so under torchrun every rank must call it (rank 0 writes).
 """
@@ -207,7 +207,7 @@ def render_text(batch: Batch, sc: dict, s: dict, rows: list[int], name, title: s
 
 
 def log_r_colour(x: float) -> str:
-    """CSS colour of a log-ratio (`r3.plots.log_r_rgb`: white up to |x| = 1e-2, full at 1; red < 0, blue > 0)."""
+    """CSS colour of a log-ratio (`r3.runs.plots.log_r_rgb`: white up to |x| = 1e-2, full at 1; red < 0, blue > 0)."""
     return "rgb({},{},{})".format(*(round(255 * c) for c in log_r_rgb(x)))
 
 
@@ -319,7 +319,7 @@ def parse_args(argv=None):
                                         "toy vocabulary, or the run's --model)")
     g = p.add_argument_group("model, for a rollout folder without stored scores (the same flags as rollout.py)")
     g.add_argument("--preset", default="toy", help="toy preset")
-    g.add_argument("--model", default=None, help="a safetensors checkpoint instead (r3.checkpoint.save_weights)")
+    g.add_argument("--model", default=None, help="a safetensors checkpoint instead (r3.runs.checkpoint.save_weights)")
     g.add_argument("--arch", default=None, help="preset for a checkpoint without a config in its metadata")
     g.add_argument("--task", default=None, help="toy task of the warm-up (default: the rollout's, else sort)")
     g.add_argument("--warmup-steps", type=int, default=80, help="supervised warm-up steps of the preset")

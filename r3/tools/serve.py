@@ -1,12 +1,12 @@
-"""A stand-in server that speaks SGLang's HTTP protocol, backed by our in-process `r3.engine.Engine`.
+"""A stand-in server that speaks SGLang's HTTP protocol, backed by our in-process `r3.rollout.engine.Engine`.
 
     python -m r3.serve --weights-root /tmp/r3-weights
     -> prints one line, "r3.serve ready on http://127.0.0.1:30000", once its port is open
 
 It serves what `python train.py` trains by default: the same task (`--task`, train.py's default), the same preset
-widened to that task's vocabulary and the same cached supervised warm-up (`r3.warmup.load_model`, the code path
+widened to that task's vocabulary and the same cached supervised warm-up (`r3.train.warmup.load_model`, the code path
 train.py takes; started from the same folder, the two share one cache file), so train.py's first weight sync fits.
-A stand-in for SGLang so that the remote R3 loop (r3/remote*.py) runs end to end on a CPU: the client is written
+A stand-in for SGLang so that the remote R3 loop (r3/rollout/remote*.py) runs end to end on a CPU: the client is written
 against SGLang's payloads; this server implements the subset the client sends, the same way:
   GET  /health                     200 "ok"
   GET  /get_server_info            {"dtype": rollout dtype, "model_path", "weight_version",
@@ -28,7 +28,7 @@ its seed alone.
 Test-only switches (labelled so in --help): answer 503 to the first N requests (--test-unavailable), and let the
 first /generate requests hang until aborted (--test-stall). Both count requests, not seconds, so a test built on them
 passes however slowly its machine runs. Two servers are two processes.
-Safety: binds 127.0.0.1 unless told otherwise; loads weights from safetensors only (`r3.hf.load_pretrained`) and
+Safety: binds 127.0.0.1 unless told otherwise; loads weights from safetensors only (`r3.scale.hf.load_pretrained`) and
 only from inside --weights-root (symlinks resolved; a --weights-root that does not exist is refused at start;
 without it no path is loaded). Connections are handled on threads; generation and weight loading hold one lock.
 Left out: text prompts and a tokenizer, streaming, top_k / min_p / penalties, logprob_start_len, sessions.

@@ -53,14 +53,15 @@ class SamplingConfig:
     preset: str = flag("toy", "toy model preset", choices=sorted(PRESETS))
     model: str | None = flag(None, "a checkpoint instead of a preset: an HF Qwen3-MoE folder (config.json, "
                                    "*.safetensors; train.py also needs its tokenizer.json and --task jsonl:FILE); "
-                                   "rollout.py also takes a safetensors file written by r3.checkpoint.save_weights")
+                                   "rollout.py also takes a safetensors file written by "
+                                   "r3.runs.checkpoint.save_weights")
     dense: bool = flag(False, "the preset's dense twin (matched active parameters, no router, no routes)")
     task: str = flag("cipher", "toy task: cipher | sort | reverse | add, optionally NAME:MIN-MAX (input length); "
                              "or jsonl:FILE")
     warmup_steps: int = flag(80, "supervised warm-up steps for a preset before RL (cached and shared; 0 = random "
                                  "init); with --warmup-until, the most it may take", domain=INT_GE0)
     warmup_until: float | None = flag(None, "start-matched seeds: warm up until the sampled reward on a fixed probe "
-                                            "set (r3/warmup.py) reaches this, checked every 5 steps, at most "
+                                            "set (r3/train/warmup.py) reaches this, checked every 5 steps, at most "
                                             "--warmup-steps steps; the count is recorded in OUT/run.json",
                                       domain=PROB)
     seed: int = flag(0, "seed of the prompts and of sampling (and of init and warm-up, unless --init-seed)",
@@ -70,13 +71,14 @@ class SamplingConfig:
                                  alias="--num-prompts")
     group_size: int = flag(8, "samples per prompt (the GRPO group size G)", domain=GROUP)
     rollout_dtype: str = flag("bf16", "engine numerics (the trainer is fp32); fp8, fp8-channel, fp8-router, int4, "
-                                      "fp4, mxfp4 = simulated low-bit serving weights (r3/quant.py)",
+                                      "fp4, mxfp4 = simulated low-bit serving weights (r3/model/quant.py)",
                               choices=sorted(ROLLOUT_DTYPES))
     router_levels: int | None = flag(None, "the routing-mismatch dial, engine only: round the engine's router "
-                                           "weight per row to the N-point symmetric grid (r3/quant.py router_grid; "
-                                           "N = 2^B - 1 is int-B: 3 ternary, 7 int3, 15 int4) in place of what "
-                                           "--rollout-dtype does to it; the trainer never sees it. An amplifier of "
-                                           "the engine's routing mismatch, not a real engine", domain=ROUTER_LEVELS)
+                                           "weight per row to the N-point symmetric grid (r3/model/quant.py "
+                                           "router_grid; N = 2^B - 1 is int-B: 3 ternary, 7 int3, 15 int4) in place "
+                                           "of what --rollout-dtype does to it; the trainer never sees it. An "
+                                           "amplifier of the engine's routing mismatch, not a real engine",
+                                     domain=ROUTER_LEVELS)
     temperature: float = flag(1.0, "sampling temperature (the trainer scores at the same)", domain=POSITIVE)
     top_p: float = flag(1.0, "nucleus sampling threshold (1 = off)", domain=PROB)
     max_new_tokens: int | None = flag(None, "response length limit (default: the task's; jsonl: 1024)",
@@ -113,7 +115,7 @@ class TrainConfig(SamplingConfig):
     grad_clip: float = flag(1.0, "max grad norm (the logged grad_norm is the largest pre-clip norm among the "
                                  "step's mini-steps)", domain=CLIP_NORM)
     mini_steps: int = flag(4, "optimizer steps per rollout batch (minibatches); > 1 is off-policy", domain=INT_GE1)
-    loss: str = flag("grpo", "policy loss (see r3/grpo.py): grpo, dr_grpo, gspo, or seq_is, the untruncated "
+    loss: str = flag("grpo", "policy loss (see r3/train/grpo.py): grpo, dr_grpo, gspo, or seq_is, the untruncated "
                              "sequence-level importance-weighted policy gradient, -sg[w(y)] A sum_t log pi(y_t) with "
                              "w(y) = pi_theta(y) / pi_engine(y), no clipping; --is-correction tis / mis then "
                              "truncate w at C or drop rows outside [1/C, C]",
@@ -149,7 +151,7 @@ class TrainConfig(SamplingConfig):
     val_prompts: int = flag(32, "held-out prompts for val/kl", domain=PROMPTS)
     fidelity_every: int = flag(0, "every N steps log fidelity/cos and fidelity/rel_err: the arm's first-mini-step "
                                   "gradient vs the on-policy gradient from an fp32 engine, same prompts and weights, "
-                                  "coupled sampling (r3/fidelity.py; changes no other metric; 0 = never)",
+                                  "coupled sampling (r3/train/fidelity.py; changes no other metric; 0 = never)",
                                domain=INT_GE0)
     on_collapse: str = flag("continue", "when the collapse guard fires: save a checkpoint, log the symptom, then "
                                         "stop or continue", choices=["stop", "continue"])
@@ -180,7 +182,7 @@ class TrainConfig(SamplingConfig):
     save_every: int = flag(50, "checkpoint every N steps (atomic; also at the end)", domain=INT_GE1)
     no_plot: bool = flag(False, "skip the PNG plots at the end")
     quiet: bool = flag(False, "no per-step lines (the progress bar stays)")
-    # the real-model path: HF checkpoint, jsonl prompts, FSDP2 under torchrun (r3/fsdp.py)
+    # the real-model path: HF checkpoint, jsonl prompts, FSDP2 under torchrun (r3/scale/fsdp.py)
     shards: int | None = flag(None, "cut each step's prompts into N data shards, each sampled with its own "
                                     "generator; under torchrun rank r takes shards r, r+W, ... and "
                                     "gradient-accumulates them. The same N gives the same run at any world size "

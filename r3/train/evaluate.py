@@ -1,6 +1,6 @@
 """Held-out evaluation: greedy and sampled accuracy on a fixed prompt set that training never draws.
 
-  heldout_examples(task, n, seed)   n distinct prompts of the task's "eval" split (`r3.tasks.prompt_split`, a hash
+  heldout_examples(task, n, seed)   n distinct prompts of the task's "eval" split (`r3.tasks.tasks.prompt_split`, a hash
                                     of the prompt's content); training draws with `task.sample(..., split="train")`,
                                     so the two never share a prompt. A separate `eval_task` (e.g. a jsonl eval file)
                                     gives all its rows instead, less any whose question is also in a jsonl `task`.
@@ -61,7 +61,7 @@ def evaluate(engine_or_model, task, examples: list, *, max_new_tokens: int, eos_
     if not examples:
         raise ValueError("evaluate needs at least one example")
     engine = engine_or_model if hasattr(engine_or_model, "generate") else Engine(engine_or_model, "fp32")
-    if generator is None:  # a server engine (r3.remote) has no local weights: its seeds are drawn on the CPU
+    if generator is None:  # a server engine (r3.rollout.remote) has no local weights: its seeds are drawn on the CPU
         model = getattr(engine, "model", None)
         generator = torch.Generator(device=next(model.parameters()).device if model is not None else "cpu")
         generator.manual_seed(0)

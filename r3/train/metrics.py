@@ -14,7 +14,8 @@ import math
 
 import torch
 
-# what `r3.score.old_policy_pass` measures; None in a metrics row of a step that did not measure (--mismatch-every)
+# what `r3.train.score.old_policy_pass` measures; None in a metrics row of a step that did not measure
+# (--mismatch-every)
 MISMATCH_KEYS = ("kl", "extreme_frac", "kl_full", "router_flip_rate", "token_flip_rate", "flips_per_token",
                  "entropy")
 

@@ -12,7 +12,7 @@ gives the token the engine sampled at p+1: the same indexing as `Batch.rollout_l
                    the pass when the update reads nothing it computes (`update_reads_pass` is False: no R2, the
                    engine's π_old) and the step does not log the mismatch (--mismatch-every)
   score            `token_logp` over a Batch, zero off `loss_mask`, replaying the recorded routes on request
-  forward          the trainer's forward: each GRPO group's prompt computed once (r3/prefix.py) when the rows
+  forward          the trainer's forward: each GRPO group's prompt computed once (r3/model/prefix.py) when the rows
                    share it (`groups`: `batch_groups`), else the plain forward; the same numbers up to rounding.
                    Every pass above goes through it (FSDP-sharded models take the plain forward)
 
@@ -65,7 +65,7 @@ def batch_groups(batch: Batch, rows: torch.Tensor | None = None) -> tuple[torch.
 def forward(model: Transformer, ids_BT: torch.Tensor, valid_BT: torch.Tensor, routes, groups=None,
             return_hidden: bool = False):
     """`model(ids, valid_BT=..., routes_BTLK=..., return_hidden=...)`, with each group's prompt computed once when
-    `groups` = (group_B, prompt_len) and the rows share their prompts (`r3.prefix.shared_prefix` checks)."""
+    `groups` = (group_B, prompt_len) and the rows share their prompts (`r3.model.prefix.shared_prefix` checks)."""
     shared = None if groups is None or _sharded(model) else shared_prefix(ids_BT, valid_BT, *groups, routes)
     if shared is None:
         return model(ids_BT, valid_BT=valid_BT, routes_BTLK=routes, return_hidden=return_hidden)
@@ -101,7 +101,7 @@ class OldPolicy(NamedTuple):
     logp: torch.Tensor | None          # [B, T-1] log π_old (not masked); None when no pass ran (`without_pass`)
     routes: torch.Tensor | None        # what the update replays: None (none), batch.routes (r3), this pass's (r2)
     own_routes: torch.Tensor | None    # the trainer's own top-k on this batch (a normal forward)
-    metrics: dict                      # r3.metrics.mismatch + entropy, over batch.loss_mask ({} unless measured)
+    metrics: dict                      # r3.train.metrics.mismatch + entropy, over batch.loss_mask ({} unless measured)
 
     def pi_old(self, batch: Batch, source: str) -> torch.Tensor:
         """log π_old for the PPO ratio: this pass's ("trainer"), or the engine's own log-probs ("engine",

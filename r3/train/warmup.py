@@ -221,8 +221,8 @@ def load_model(spec: str, *, path: str | None = None, dense: bool, task: Task, t
                init_seed: int, cache_dir: str = ".cache/warmup", arch: str | None = None,
                progress: bool = True, warmup_until: float | None = None) -> tuple[Transformer, str]:
     """Preset `spec` (built from init_seed, then warmed up on the task, cached), or the checkpoint at `path` when given:
-    an HF folder, or a safetensors file (`r3.checkpoint.save_weights`; its architecture comes from its metadata, else
-    from `arch`).
+    an HF folder, or a safetensors file (`r3.runs.checkpoint.save_weights`; its architecture comes from its metadata,
+    else from `arch`).
 
     Returns (model in fp32 eval mode, a one-line description of where it came from).
     """
