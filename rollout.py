@@ -3,33 +3,34 @@
 The disk half of the seed's SGLang → disk → Megatron pipeline (`collect_rollouts.py --output_dir --record_routing`):
   python rollout.py --preset toy --task sort --warmup-steps 80 --prompts-per-step 64 --group-size 8 \\
       --rollout-dtype bf16 --out runs/rollout_bf16
-writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.batch.save_batch`: one atomic folder with a
-checksum, no pickle), which `r3.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the numbers
-it prints. The manifest records the model that sampled (`meta.model`, and `meta.model_digest`, a hash of its
+writes `runs/rollout_bf16/batch.safetensors` + `manifest.json` (`r3.rollout.batch.save_batch`: one atomic folder with a
+checksum, no pickle), which `r3.rollout.batch.load_batch` (and `train.py`) read back, plus a `summary.json` of the
+numbers it prints. The manifest records the model that sampled (`meta.model`, and `meta.model_digest`, a hash of its
 weights that `train.py --rollouts` compares with the model it starts from). Every flag states its domain and is
 refused outside it before any work, and so is an --out that cannot take a batch folder.
 
 Routes are always recorded for an MoE model: top-k computes them anyway, so there is no flag to turn them off.
 A dense model has none. After writing, it prints the reward, response length and, unless --no-mismatch, the
 train/inference mismatch of this batch against the fp32 trainer forward, without and with R3 replay
-(`r3.score.old_policy_pass`, the trainer's own measurement). Flags are shared with train.py (`r3/config.py`):
-`--preset` names a toy preset, `--model PATH` a safetensors checkpoint (`r3.checkpoint.save_weights`).
+(`r3.train.score.old_policy_pass`, the trainer's own measurement). Flags are shared with train.py
+(`r3/train/config.py`): `--preset` names a toy preset, `--model PATH` a safetensors checkpoint
+(`r3.runs.checkpoint.save_weights`).
 """
 import os
 import time
 
 import torch
 
-from r3.batch import check_batch_target, save_batch
-from r3.checkpoint import model_digest
-from r3.collect import rollout
-from r3.config import RolloutConfig, parse
+from r3.rollout.batch import check_batch_target, save_batch
+from r3.runs.checkpoint import model_digest
+from r3.train.collect import rollout
+from r3.train.config import RolloutConfig, parse
 from r3.errors import run_main
-from r3.grpo import group_advantages
-from r3.io import atomic_write_json
-from r3.score import FULL_VOCAB_MAX, old_policy_pass
-from r3.tasks import make_task
-from r3.warmup import load_model
+from r3.train.grpo import group_advantages
+from r3.runs.io import atomic_write_json
+from r3.train.score import FULL_VOCAB_MAX, old_policy_pass
+from r3.tasks.tasks import make_task
+from r3.train.warmup import load_model
 
 
 def main(argv=None) -> dict:

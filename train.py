@@ -4,18 +4,18 @@ Every step runs these phases, each a function, in this order:
   collect              draw prompts; the engine (its own copy of the weights at --rollout-dtype) samples G
                        responses each and records the experts it routed every token to; rewards → advantages
   old_policy           the fp32 trainer re-scores the samples without grad: π_old, the routes the update will
-                       replay, and the train/inference mismatch (kl, F(2), router flips)        (r3/score.py);
+                       replay, and the train/inference mismatch (kl, F(2), router flips)        (r3/train/score.py);
                        on the steps that log the mismatch (--mismatch-every), and on every step whose update reads
                        it (R2's routes, the trainer's π_old)
   update               --mini-steps optimizer steps; each forward replays the rollout's routes (r3), the routes of
-                       the old-policy pass (r2), or lets the router choose (none)              (r3/grpo.py)
+                       the old-policy pass (r2), or lets the router choose (none)              (r3/train/grpo.py)
   sync_engine          weight sync trainer → engine
   log_guard_checkpoint one log line and metrics.jsonl, collapse guard, checkpoint
 
-Every flag lives in `r3/config.py`. A real model: `--model PATH` (an HF Qwen3-MoE folder with tokenizer.json) with
+Every flag lives in `r3/train/config.py`. A real model: `--model PATH` (an HF Qwen3-MoE folder with tokenizer.json) with
 `--task jsonl:FILE`; under `torchrun --nproc_per_node=N` the trainer is sharded with FSDP2 and each rank samples its
 own data shards (`--shards`); rank 0 alone writes files. `--dry-run` prints the per-GPU memory plan and exits.
-What is loaded before step 0 (policy, engine, task, disk rollouts), and checked, is in `r3/launch.py`.
+What is loaded before step 0 (policy, engine, task, disk rollouts), and checked, is in `r3/train/launch.py`.
 """
 import copy
 import json
@@ -28,34 +28,34 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from r3.batch import rollout_folders
-from r3.checkpoint import load_checkpoint, save_checkpoint
-from r3.collect import (Rollout, advantages, my_shards, sample_shard, shard_generator_name, shard_rows,
-                        shard_seed)
-from r3.config import RUN_DEFINING, TrainConfig, parse
-from r3.engine import Engine
+from r3.rollout.batch import rollout_folders
+from r3.runs.checkpoint import load_checkpoint, save_checkpoint
+from r3.train.collect import (Rollout, advantages, my_shards, sample_shard, shard_generator_name, shard_rows,
+                              shard_seed)
+from r3.train.config import RUN_DEFINING, TrainConfig, parse
+from r3.rollout.engine import Engine
 from r3.errors import run_main
-from r3.evaluate import evaluate
-from r3.fidelity import gradient_fidelity
-from r3.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, save_hf_checkpoint, setup_distributed,
-                     sync_engine)
-from r3.grpo import MAX_METRICS, loss_denominator, policy_loss
-from r3.guard import CollapseGuard
-from r3.hf import load_config
-from r3.inspect import dump_samples
-from r3.launch import check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts
-from r3.io import atomic_write_json, read_jsonl
-from r3.memory import format_plan, memory_plan
-from r3.metrics import MISMATCH_KEYS, flip_stats, kl_k3
-from r3.plots import log_scalars, tensorboard_writer
-from r3.process import configure_cpu
-from r3.provenance import earlier_segments, git_state, stamp
-from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume, check_steps,
-                          read_metrics, truncate_metrics)
-from r3.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
-                      without_pass)
-from r3.tasks import make_task
-from r3.warmup import preset_config, warmup_info
+from r3.train.evaluate import evaluate
+from r3.train.fidelity import gradient_fidelity
+from r3.scale.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, save_hf_checkpoint,
+                           setup_distributed, sync_engine)
+from r3.train.grpo import MAX_METRICS, loss_denominator, policy_loss
+from r3.train.guard import CollapseGuard
+from r3.scale.hf import load_config
+from r3.tools.inspect import dump_samples
+from r3.train.launch import check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts
+from r3.runs.io import atomic_write_json, read_jsonl
+from r3.scale.memory import format_plan, memory_plan
+from r3.train.metrics import MISMATCH_KEYS, flip_stats, kl_k3
+from r3.runs.plots import log_scalars, tensorboard_writer
+from r3.runs.process import configure_cpu
+from r3.runs.provenance import earlier_segments, git_state, stamp
+from r3.runs.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume,
+                               check_steps, read_metrics, truncate_metrics)
+from r3.train.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
+                            without_pass)
+from r3.tasks.tasks import make_task
+from r3.train.warmup import preset_config, warmup_info
 
 
 # run-defining fields added after runs were saved without them; their default (None) is what those runs did
@@ -94,7 +94,7 @@ class Run:
     cfg: TrainConfig
     out: str
     model: torch.nn.Module          # the trainer (FSDP2-sharded under torchrun)
-    engine: object                  # the rollout engine: in-process (`Engine`) or a server (`r3.remote`)
+    engine: object                  # the rollout engine: in-process (`Engine`) or a server (`r3.rollout.remote`)
     plain: torch.nn.Module | None   # under torchrun, the full copy that feeds the engine
     task: object
     eos_ids: tuple[int, ...]
@@ -120,7 +120,7 @@ class Run:
     examples: list | None = None    # the step's prompts (kept by `collect` for `fidelity`)
     step_start: dict | None = None  # --on-collapse stop, one process: the state the current step started from
     t0: float = 0.0
-    prov: dict | None = None        # rank 0: the provenance stamped at the start (r3/provenance.py)
+    prov: dict | None = None        # rank 0: the provenance stamped at the start (r3/runs/provenance.py)
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -145,8 +145,8 @@ def collect(run: Run, step: int, measure: bool = True) -> list[Rollout]:
 
 
 def old_policy(run: Run, batch, measure: bool) -> OldPolicy:
-    """The old-policy pass (r3/score.py) when the update reads it or the step measures the mismatch; otherwise only
-    the routes the update replays (R3: the engine's), no forward. Either way the update computes the same thing."""
+    """The old-policy pass (r3/train/score.py) when the update reads it or the step measures the mismatch; otherwise
+    only the routes the update replays (R3: the engine's), no forward. Either way the update computes the same thing."""
     cfg = run.cfg
     if not (measure or update_reads_pass(cfg.replay, cfg.old_logp)):
         return without_pass(batch, cfg.replay)
@@ -155,8 +155,8 @@ def old_policy(run: Run, batch, measure: bool) -> OldPolicy:
 
 
 def groups(run: Run, batch, rows=None):
-    """What the trainer's forward shares prompts by (r3/score.py `forward`), or None for a real model: FSDP2 blocks
-    take only the plain forward, and a one-process run of the same model takes it too, so the two match."""
+    """What the trainer's forward shares prompts by (r3/train/score.py `forward`), or None for a real model: FSDP2
+    blocks take only the plain forward, and a one-process run of the same model takes it too, so the two match."""
     return None if run.cfg.model else batch_groups(batch, rows)
 
 
@@ -217,8 +217,8 @@ def drift(model, batch, rows, own_now, own_old, shared) -> float:
 
 
 def fidelity(run: Run, step: int) -> dict:
-    """Every --fidelity-every steps: the arm's gradient vs the on-policy (fp32-engine) one, r3/fidelity.py. Its own
-    generator; no gradient, weight or RNG stream of training is changed."""
+    """Every --fidelity-every steps: the arm's gradient vs the on-policy (fp32-engine) one, r3/train/fidelity.py. Its
+    own generator; no gradient, weight or RNG stream of training is changed."""
     cfg = run.cfg
     if not cfg.fidelity_every or step % cfg.fidelity_every:
         return {}
@@ -518,7 +518,7 @@ def finish(run: Run, stopped_on: list[str] | None) -> None:
         atomic_write_json(run.path("done.json"), dict(steps=len(read_jsonl(run.path("metrics.jsonl"))),
                                                       stopped_on=stopped_on, world_size=run.world), indent=None)
         if not run.cfg.no_plot:
-            from r3.plots import plot_run
+            from r3.runs.plots import plot_run
             plot_run(read_jsonl(run.path("metrics.jsonl")), run.path("metrics.png"), title=run.out)
             print(f"wrote {run.path('metrics.png')}")
         stamp(run.out, t0=run.t0, git=run.prov, segments=run.prov.get("segments"))

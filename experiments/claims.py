@@ -19,9 +19,9 @@ excludes the null on that side, "not shown" when it holds the null, "contradicte
     quickstart_accuracy       `train.py --r3`: held-out accuracy after the last step, sampled       null 0, claimed > 0
     quickstart_greedy         the same, greedy                                                   null 0, claimed > 0
 
-A seed's measurements are the single-seed entries' own code, at their settings: `experiments.mismatch_table.measure`
+A seed's measurements are the single-seed entries' own code, at their settings: `experiments.mismatch.table.measure`
 (the toy MoE and its dense twin, 200 warm-up steps on sort, 512 prompts x 8 samples, bf16 and fp8 rollouts) and
-`r3.inspect.token_scores` / `summarize` on its fp8 MoE batch (the inspect entry's batch); and `python train.py --r3
+`r3.tools.inspect.token_scores` / `summarize` on its fp8 MoE batch (the inspect entry's batch); and `python train.py --r3
 --seed K` (experiments.quickstart's command; held-out accuracy evaluated only at the end, which leaves training as
 it is: evaluation draws from its own generator). So seed 0 gives exactly the numbers of results/mismatch_table.json,
 inspect.json and quickstart.json made on the same kind of CPU. The prompts stay at 512: with fewer the bf16 MoE kl,
@@ -87,10 +87,10 @@ def resting_on(entry: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- measuring
 def mismatch_seed(seed: int, args) -> dict:
     """One seed's mismatch claims: the mismatch table's rows (bf16, fp8) and the inspector on its fp8 MoE batch."""
-    from experiments import mismatch_table
-    from r3.inspect import summarize, token_scores
-    from r3.tasks import make_task
-    from r3.warmup import load_model
+    from experiments.mismatch import table as mismatch_table
+    from r3.tools.inspect import summarize, token_scores
+    from r3.tasks.tasks import make_task
+    from r3.train.warmup import load_model
     margs = mismatch_table.parse_args(["--prompts", str(args.prompts), "--seed", str(seed), "--warmup-steps",
                                        str(args.warmup_steps), "--cache-dir", args.cache_dir])
     task = make_task(margs.task)
@@ -310,7 +310,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import torch
 
-    from r3.provenance import git_state
+    from r3.runs.provenance import git_state
     torch.set_num_threads(1)
     t0, git = time.time(), git_state()  # the code this run imports (and train.py's, unless edited while it runs)
     per_seed, wall = {s: {} for s in args.seeds}, {}

@@ -1,10 +1,11 @@
-"""Table formatting and results files shared by the experiment scripts. (Models come from `r3.warmup.load_model`,
-rollouts from `r3.collect.rollout`, metrics from `r3.score` / `r3.metrics`: every script measures with the trainer's
-own code.) Every results file records its provenance (`write_results`); a table made from a dirty tree says so."""
+"""Table formatting and results files shared by the experiment scripts. (Models come from `r3.train.warmup.load_model`,
+rollouts from `r3.train.collect.rollout`, metrics from `r3.train.score` / `r3.train.metrics`: every script measures with
+the trainer's own code.) Every results file records its provenance (`write_results`); a table made from a dirty tree
+says so."""
 import os
 
-from r3.io import atomic_write, atomic_write_json
-from r3.provenance import markdown_line, provenance
+from r3.runs.io import atomic_write, atomic_write_json
+from r3.runs.provenance import markdown_line, provenance
 
 
 

@@ -1,8 +1,8 @@
 """How much of the held-out set the supervised warm-up has seen, and what that does to the held-out score.
 
-The warm-up (`r3.warmup.supervised_warmup`) draws its examples from the whole task with a generator seeded by the
-init seed; the held-out set (`r3.evaluate.heldout_examples`) is drawn from the eval split with a generator seeded 0.
-At init seed 0 the warm-up replays the stream the held-out set was picked from. This script counts, per init seed,
+The warm-up (`r3.train.warmup.supervised_warmup`) draws its examples from the whole task with a generator seeded by the
+init seed; the held-out set (`r3.train.evaluate.heldout_examples`) is drawn from the eval split with a generator seeded
+0. At init seed 0 the warm-up replays the stream the held-out set was picked from. This script counts, per init seed,
 how many held-out prompts the warm-up trains on (and the warm-up step of the last), and scores warm-up models of
 `--score-seeds` on the held-out set against a disjoint set of other eval-split prompts (fp32 engine, 4 samples per
 prompt and one greedy answer, generator seed 0), so the contaminated seed's gap can be read beside clean seeds'.
@@ -16,11 +16,11 @@ import time
 import torch
 
 from experiments.common import fmt, markdown_table, write_results
-from r3.engine import Engine
+from r3.rollout.engine import Engine
 from r3.errors import run_main
-from r3.evaluate import evaluate, heldout_examples
-from r3.tasks import EOS, PAD, make_task
-from r3.warmup import preset_config, warmed_up_model
+from r3.train.evaluate import evaluate, heldout_examples
+from r3.tasks.tasks import EOS, PAD, make_task
+from r3.train.warmup import preset_config, warmed_up_model
 
 OTHER_SEED = 12_345  # the disjoint comparison set's draw
 
@@ -28,7 +28,7 @@ OTHER_SEED = 12_345  # the disjoint comparison set's draw
 def seen_in_warmup(task, heldout, *, steps: int, batch_size: int, seed: int) -> tuple[int, int | None]:
     """(how many of `heldout` the warm-up at `seed` trains on, the warm-up step of the last one first seen)."""
     want, first = {tuple(e.prompt) for e in heldout}, {}
-    g = torch.Generator().manual_seed(seed)  # the warm-up's own draws (r3.warmup.stream_digest draws the same)
+    g = torch.Generator().manual_seed(seed)  # the warm-up's own draws (r3.train.warmup.stream_digest draws the same)
     for step in range(steps):
         for e in task.sample(batch_size, g):
             if tuple(e.prompt) in want:
@@ -47,7 +47,7 @@ def main(argv=None):
     ap.add_argument("--count-task", default="chain:1024", help="a second task, counted only ('' for none)")
     ap.add_argument("--count-warmup-steps", type=int, default=40, help="its warm-up steps")
     ap.add_argument("--count-eval-prompts", type=int, default=8, help="its held-out prompts asked for")
-    ap.add_argument("--batch-size", type=int, default=64, help="warm-up batch size (r3.warmup's default)")
+    ap.add_argument("--batch-size", type=int, default=64, help="warm-up batch size (r3.train.warmup's default)")
     ap.add_argument("--preset", default="toy")
     ap.add_argument("--out", default="results/heldout_overlap.json")
     args = ap.parse_args(argv)

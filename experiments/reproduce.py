@@ -42,7 +42,7 @@ import time
 
 from experiments import claims
 from r3.errors import run_main
-from r3.provenance import cpu_name
+from r3.runs.provenance import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,11 +79,11 @@ class Entry:
 
 REGISTRY = (
     Entry("mismatch_table", "results", ("mismatch_table.json", "mismatch_table.png"),
-          ("python -m experiments.mismatch_table --out {out}",), wall_s=90, quick=True,
+          ("python -m experiments.mismatch --out {out}",), wall_s=90, quick=True,
           checks=(Check("mismatch_table.json", (("wall_s", "skip", WALL),)),)),
     Entry("mismatch_precisions", "results/mismatch_precisions", ("mismatch_table.json", "mismatch_table.png",
                                                                  "stdout.txt"),
-          ("python -m experiments.mismatch_table --presets toy qwen3-ratio --dtypes bf16 fp8 fp8-channel fp8-router "
+          ("python -m experiments.mismatch --presets toy qwen3-ratio --dtypes bf16 fp8 fp8-channel fp8-router "
            "int4 fp4 --prompts 128 --out {out}",), wall_s=150, quick=True, stdout="stdout.txt",
           checks=(Check("mismatch_table.json", (("wall_s", "skip", WALL),)),)),
     Entry("inspect", "results", ("inspect.json", "inspect.png", "inspect.html"),
@@ -92,19 +92,19 @@ REGISTRY = (
            "python -m r3.inspect {tmp}/rollout_fp8 --warmup-steps 200 --out {out}/inspect"),
           wall_s=40, quick=True, checks=(Check("inspect.json"),),
           note="the rollout is the fp8 table's batch (same model, prompts and seed)"),
-    Entry("storage", "results", ("storage.json",), ("python -m experiments.storage --out {out}/storage.json",),
+    Entry("storage", "results", ("storage.json",), ("python -m experiments.speed.storage --out {out}/storage.json",),
           wall_s=7, quick=True,
-          check_commands=("python -m experiments.storage --rows 4096 --reps 1 --out {out}/storage.json",),
+          check_commands=("python -m experiments.speed.storage --rows 4096 --reps 1 --out {out}/storage.json",),
           check_wall_s=3,
           checks=(Check("storage.json", (
               ("rows*mrows_s", "skip", TIMING), ("timed_rows", "skip", "the check times fewer rows"),
               ("reps", "skip", "the check times one repetition"),
               ("torch", "skip", "the committed file predates provenance and kept torch's version here")),
               default="sizes follow from the geometry and the codec alone"),)),
-    Entry("overhead", "results", ("overhead.json",), ("python -m experiments.overhead --reps 11 "
+    Entry("overhead", "results", ("overhead.json",), ("python -m experiments.speed.overhead --reps 11 "
                                                       "--out {out}/overhead.json",),
           wall_s=68, quick=True,
-          check_commands=("python -m experiments.overhead --reps 1 --out {out}/overhead.json",), check_wall_s=10,
+          check_commands=("python -m experiments.speed.overhead --reps 1 --out {out}/overhead.json",), check_wall_s=10,
           checks=(Check("overhead.json", (
               ("rows*", "skip", TIMING), ("raw_ms*", "skip", TIMING),
               ("config.reps", "skip", "the check runs one repetition"),
@@ -143,7 +143,7 @@ REGISTRY = (
               default="the configuration, eager's gradient and the graph counts"),),
           note="torch.compile of the trainer's forward + backward, as a probe; measured with nothing else running"),
     Entry("numerics", "results", ("numerics.json", "numerics.md"),
-          ("python -m experiments.numerics --out {out}/numerics.json",), wall_s=600,
+          ("python -m experiments.mismatch.numerics --out {out}/numerics.json",), wall_s=600,
           checks=(Check("numerics.json"),),
           note="the mismatch under the engine's old and new decode kernels, paired; 123 s with the warm-ups cached "
                "in .cache/warmup, several minutes more on a fresh clone"),
@@ -169,7 +169,7 @@ REGISTRY = (
                "from scratch the same command runs all 1000 steps (resume is bit-identical); wall estimated from the "
                "400-step sweep's rate"),
     Entry("ablations", "results/ablations", ("ablations.json", "ablations.md", "ablations.png"),
-          ("python -m experiments.ablations --runs-dir {out}/runs --out {out}",), wall_s=1827,
+          ("python -m experiments.collapse.ablations --runs-dir {out}/runs --out {out}",), wall_s=1827,
           frozen="made before the engine's decode kernels changed (docs/speed.md): fp8-router runs at HEAD part "
                  "ways from these by rounding (results/numerics.md: the fp8-router mismatch did not move), so "
                  "HEAD cannot remake them bit for bit; the command still runs",
@@ -203,20 +203,21 @@ REGISTRY = (
                                     default="one seeded train.py process on one thread"),),
           note="the README's main job, `python train.py --r3`, and the figures the README quotes from it"),
     Entry("staleness_falls", "results/staleness", ("falls.json", "falls.md", "falls.png"),
-          ("python -m experiments.falls --grid results/staleness --out {out}",), wall_s=10, quick=True,
+          ("python -m experiments.staleness.falls --grid results/staleness --out {out}",), wall_s=10, quick=True,
           checks=(Check("falls.json", default="a function of the committed run records and grid.json"),),
           note="exploratory, not pre-registered: telemetry before and during each sustained collapse of the "
                "staleness grid against the same cell's stable seeds; partial while the grid is"),
     Entry("staleness_plateaus", "results/staleness", ("plateaus.json", "plateaus.md", "dumps/*.json.gz"),
-          ("python -m experiments.plateaus --save-inputs results/staleness",
-           "python -m experiments.plateaus --grid results/staleness --out {out}"), wall_s=10,
-          check_commands=("python -m experiments.plateaus --grid results/staleness --out {out}",), check_wall_s=5,
-          quick=True, checks=(Check("plateaus.json", default="a function of the committed dump tokens and grid.json"),),
+          ("python -m experiments.staleness.plateaus --save-inputs results/staleness",
+           "python -m experiments.staleness.plateaus --grid results/staleness --out {out}"), wall_s=10,
+          check_commands=("python -m experiments.staleness.plateaus --grid results/staleness --out {out}",),
+          check_wall_s=5, quick=True,
+          checks=(Check("plateaus.json", default="a function of the committed dump tokens and grid.json"),),
           note="exploratory: the symbols each grid run has got stuck on in its last sample dumps, and the cap they "
                "put on exact answers; --save-inputs keeps the tokens of those dumps (dumps/) from the run folders, "
                "which are not committed"),
     Entry("starts", "results", ("starts.json", "starts.md", "starts.png"),
-          ("python -m experiments.starts --out {out}",), wall_s=1100,
+          ("python -m experiments.staleness.starts --out {out}",), wall_s=1100,
           checks=(Check("starts.json", (("grid*", "skip", "read from the staleness grid's grid.json and plateaus.json "
                                                           "as they stand; those are checked by their own entries"),)),),
           note="exploratory: every seed's warm-up checkpoint at 80, 160 and 320 steps scored on the held-out "
@@ -241,7 +242,7 @@ REGISTRY = (
           check_wall_s=15, quick=True,
           checks=(Check("grid.json", default="the tables are a function of the committed run records"),),
           note="3 cells x 3 lengths x 6 seeds x 200 steps, + 2 positive controls at T = 1024 only if no replay "
-               "fell there (experiments.length CONTROLS_WHEN), one record per finished run; "
+               "fell there (experiments.length.grid CONTROLS_WHEN), one record per finished run; "
                "PARTIAL until grid.json says complete (shortest length first; `--report` rewrites the tables, the "
                "command resumes). The check remakes the tables from the committed records; the runs take about "
                "16 core-hours (3 min at T = 64 to ~30 min at T = 1024 on one thread)"),

@@ -1,9 +1,10 @@
-"""Tests over seeds for the pre-registered grids (experiments/staleness.py, experiments/length.py). Exact, no SciPy.
+"""Tests over seeds for the pre-registered grids (experiments/staleness/, experiments/length/). Exact, no SciPy.
 
   fisher_exact(a, n_a, b, n_b)   two-sided p of Fisher's exact test: a of n_a runs collapsed against b of n_b
                                  (the sum of the hypergeometric probabilities no larger than the observed table's,
                                  SciPy's `fisher_exact` convention)
-  paired_permutation_test(diffs)  two-sided p of paired differences (sign flips), experiments/numerics.py
+  holm(ps)                       Holm's step-down adjusted p values (a family of tests), in the order given
+  paired_permutation_test(diffs)  two-sided p of paired differences (sign flips), experiments/mismatch/numerics.py
   logistic_fit(xs, ys)           (a, b) of a one-variable logistic regression (Newton, a small ridge on b);
                                  crossing(a, b) where it reaches 0.5, bootstrap_crossing its interval over runs
   permutation_test(xs, ys)       two-sided p of the difference in means of two samples: the fraction of the
@@ -25,8 +26,8 @@ MC_DRAWS = 100_000
 # computed in fp32, so equal drawdowns can differ by ~1e-7, and genuinely different ones by at least one held-out
 # sample (1/390 or more), so an absolute 1e-6 tells the two apart.
 TOL = 1e-6
-# paired_permutation_test takes differences of in-memory metrics (experiments/numerics.py) as small as 1e-15, so its
-# absolute tolerance stays 1e-9: differences below it (the fp32 oracle's last bits) count as no difference.
+# paired_permutation_test takes differences of in-memory metrics (experiments/mismatch/numerics.py) as small as 1e-15,
+# so its absolute tolerance stays 1e-9: differences below it (the fp32 oracle's last bits) count as no difference.
 PAIRED_TOL = 1e-9
 
 
@@ -193,3 +194,13 @@ def noncentral_t_sf(c: float, df: int, delta: float, steps: int = 4000) -> float
         return dens * 0.5 * math.erfc((c * u / math.sqrt(df) - delta) / math.sqrt(2))
     total = f(0.0) + f(hi) + sum((4 if i % 2 else 2) * f(i * h) for i in range(1, steps))
     return min(1.0, max(0.0, total * h / 3))
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjusted p values, in the order given."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adj, run = [1.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
+        adj[i] = run
+    return adj

@@ -1,9 +1,9 @@
 """Run many `train.py` arms as subprocesses (in parallel, one thread each) and summarise their metrics.
 
-Used by experiments/collapse.py and experiments/ablations.py. Every arm is one `train.py` command line; arms of one
-ablation share every flag but the one under study. A sweep resumes: finished runs are skipped, partial ones are
-continued with `--resume` (which is bit-identical on CPU). The same flags with a larger --steps extend finished runs to
-the longer horizon; any other change of flags is refused.
+Used by every study (experiments/collapse/, staleness/, length/, regime/). Every arm is one `train.py` command line;
+arms of one ablation share every flag but the one under study. A sweep resumes: finished runs are skipped, partial ones
+are continued with `--resume` (which is bit-identical on CPU). The same flags with a larger --steps extend finished runs
+to the longer horizon; any other change of flags is refused.
 
 Records: a run folder holds checkpoints (megabytes) and is not committed, so a finished run also leaves a record,
 RECORDS/NAME.jsonl.gz (a header line with its flags, done.json and commit, and for a run resumed across processes
@@ -11,10 +11,14 @@ the earlier ones' commits, then its metrics rows with floats to 7 significant di
 50 KB per 1000 steps). A grid passes `records=` to `run_all` and reads its runs with `finished`: a run whose record
 matches its flags counts as finished without its folder, so a committed grid resumes in a fresh clone, and its
 tables are made from the records alone.
+
+The flags the studies share live here too: COMMON (the toy setting) and HEADLINE (the collapse protocol's update,
+which the staleness and regime grids start from), with `with_lr`, `flag_value` and `set_flag` to edit a flag list.
 """
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,8 +26,8 @@ import time
 from tqdm import tqdm
 
 from r3.errors import InputError
-from r3.guard import ema_series
-from r3.io import atomic_write, read_jsonl
+from r3.runs.ema import ema_series
+from r3.runs.io import atomic_write, read_jsonl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLLAPSE_SYMPTOMS = ("reward_drop", "nonfinite")  # what counts as a collapse in tables (others are precursors)
@@ -35,6 +39,13 @@ COLLAPSE_SYMPTOMS = ("reward_drop", "nonfinite")  # what counts as a collapse in
 COMMON = ("--task cipher:32-32 --preset toy --warmup-steps 80 --prompts-per-step 16 --group-size 8 --lr 3e-4 "
           "--val-every 50 --eval-every 50 --eval-prompts 128")
 RUNS_DIR = os.path.join("results", "ablations", "runs")
+
+# The headline setting: the toy on the cipher task (33-token responses, 80-token vocabulary; it climbs from 0 to
+# > 0.9 held-out accuracy) with the most exposed update: the engine's log-probs as π_old, PPO clipping and gradient
+# clipping off, held-out accuracy and gradient fidelity logged, the mismatch (kl, F(2), flips, staleness) every 10
+# steps (it changes nothing but the log; its forward is then skipped on 9 steps in 10). The same for every arm.
+HEADLINE = COMMON + (" --old-logp engine --clip-low 1 --clip-high 1e6 --grad-clip inf --fidelity-every 25 "
+                     "--mismatch-every 10")
 
 
 def arm_run(*, replay: str, seed: int, dtype: str, loss: str = "grpo", is_correction: str = "none",
@@ -229,3 +240,20 @@ def summarize(rows: list[dict], tail: int = 20) -> dict:
                 max_grad_norm=max(finite("grad_norm"), default=None),
                 mean_router_flip_rate=(sum(finite("router_flip_rate")) / len(finite("router_flip_rate"))
                                        if finite("router_flip_rate") else None))
+
+
+def with_lr(common: str, lr: float | None) -> str:
+    return common if lr is None else re.sub(r"--lr\s+\S+", "", common).strip() + f" --lr {lr:g}"
+
+
+def flag_value(flags: list[str], name: str, default: str) -> str:
+    return flags[flags.index(name) + 1] if name in flags else default
+
+
+def set_flag(flags: list[str], name: str, value: str) -> list[str]:
+    out = list(flags)
+    if name in out:
+        out[out.index(name) + 1] = value
+    else:
+        out += [name, value]
+    return out

@@ -3,8 +3,9 @@
   InputError          something the user gave that r3 refuses: a flag, a path, a file's content, an engine's payload.
                       A ValueError; the message names what is wrong and where (file, field, row, position).
   MissingInputError   a path the user named that does not exist (an InputError and a FileNotFoundError).
-The other refusal types derive from InputError: `RoutesError` (r3/moe.py), `CheckpointError` (r3/hf.py),
-`CheckpointFileError` (r3/checkpoint.py), `RunFolderError` (r3/runfolder.py), `RemoteEngineError` (r3/remote.py).
+The other refusal types derive from InputError: `RoutesError` (r3/model/moe.py), `CheckpointError` (r3/scale/hf.py),
+`CheckpointFileError` (r3/runs/checkpoint.py), `RunFolderError` (r3/runs/runfolder.py), `RemoteEngineError`
+(r3/rollout/remote.py).
 
 Every entry point runs its `main` through `run_main(main)` (train.py, rollout.py, python -m r3.check / r3.inspect /
 r3.serve, the experiments). An InputError, an OSError about a named path (missing, not a folder, no permission, disk

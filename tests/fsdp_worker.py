@@ -19,11 +19,11 @@ import os
 
 import torch
 
-from r3.engine import Engine
-from r3.fsdp import (all_reduce_sum, apply_fsdp, clip_grad_norm, gather_full_state_dict,
-                     load_full_state_dict_broadcast, meta_model, setup_distributed)
-from r3.hf import load_pretrained, save_pretrained
-from r3.score import chunked_logprobs
+from r3.rollout.engine import Engine
+from r3.scale.fsdp import (all_reduce_sum, apply_fsdp, clip_grad_norm, gather_full_state_dict,
+                           load_full_state_dict_broadcast, meta_model, setup_distributed)
+from r3.scale.hf import load_pretrained, save_pretrained
+from r3.train.score import chunked_logprobs
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("--ckpt", required=True, help="HF-layout checkpoint folder (save_pretrained output)")

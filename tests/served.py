@@ -12,7 +12,7 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from r3.serve import Handler
+from r3.tools.serve import Handler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the toy preset at its own 16-token vocabulary (the sort task), random init, fp32: the tests' model is PRESETS["toy"]

@@ -51,28 +51,28 @@ def main() -> None:
     k, how, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     assert how in ("kill", "save", "hold"), how
     sys.path.insert(0, ROOT)  # this checkout's r3, whatever the working directory
-    import r3.checkpoint
-    import r3.runfolder
+    import r3.runs.checkpoint
+    import r3.runs.runfolder
     count = [0]
     if how == "save":
-        write = r3.checkpoint.atomic_write
+        write = r3.runs.checkpoint.atomic_write
 
-        def atomic_write(path, fn):  # r3.io.atomic_write, cut after its temporary file on the K-th save of ckpt.pt
+        def atomic_write(path, fn):  # r3.runs.io.atomic_write, cut after its temporary file on the K-th save of ckpt.pt
             count[0] += os.path.basename(path) == "ckpt.pt"
             if count[0] == k and os.path.basename(path) == "ckpt.pt":
                 fn(path + ".tmp")
                 stop("kill")
             write(path, fn)
-        r3.checkpoint.atomic_write = atomic_write
+        r3.runs.checkpoint.atomic_write = atomic_write
     else:
-        append = r3.runfolder.append_metrics
+        append = r3.runs.runfolder.append_metrics
 
         def append_metrics(path, row):
             append(path, row)
             count[0] += 1
             if count[0] == k:
                 stop(how)
-        r3.runfolder.append_metrics = append_metrics  # before train.py imports it
+        r3.runs.runfolder.append_metrics = append_metrics  # before train.py imports it
     sys.argv = [os.path.join(ROOT, "train.py"), *args]
     runpy.run_path(sys.argv[0], run_name="__main__")
 

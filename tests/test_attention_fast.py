@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from r3.model import KVCache, ModelConfig, attention_mask, build_model, decode_attention
+from r3.model.model import KVCache, ModelConfig, attention_mask, build_model, decode_attention
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=1,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

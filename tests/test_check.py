@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from safetensors import safe_open
 
-from r3.batch import load_rollouts, save_batch
-from r3.check import check_alignment, main, render
-from r3.engine import Engine
-from r3.model import PRESETS, build_model
-from r3.moe import RoutesError
-from r3.checkpoint import save_weights
+from r3.rollout.batch import load_rollouts, save_batch
+from r3.tools.check import check_alignment, main, render
+from r3.rollout.engine import Engine
+from r3.model.model import PRESETS, build_model
+from r3.model.moe import RoutesError
+from r3.runs.checkpoint import save_weights
 
 CFG = PRESETS["toy"]
 PROMPTS = [[12, 3, 1, 4, 11], [12, 9, 9, 2, 7, 11], [12, 5, 11], [12, 8, 0, 6, 6, 1, 11]]

@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from r3.errors import InputError, run_main
-from r3.hf import CheckpointError
-from r3.moe import RoutesError
-from r3.runfolder import RunFolderError
+from r3.scale.hf import CheckpointError
+from r3.model.moe import RoutesError
+from r3.runs.runfolder import RunFolderError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -88,7 +88,7 @@ def test_run_main_returns_what_main_returns(monkeypatch):
     (["-m", "r3.plots", "nowhere"], "error: nowhere: no metrics.jsonl (or it is empty)"),
     (["-m", "r3.serve", "--model", "nowhere", "--weights-root", "tests"],
      "error: --model nowhere: model folder 'nowhere' does not exist"),
-    (["-m", "experiments.mismatch_table", "--task", "cipher:99-3", "--out", "nowhere"],
+    (["-m", "experiments.mismatch", "--task", "cipher:99-3", "--out", "nowhere"],
      "error: bad length range in task 'cipher:99-3': need 1 <= MIN <= MAX"),
 ])
 def test_every_entry_point_prints_one_line(cmd, line):

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from r3.plots import compare_runs, differing_flags, main, plot_run, run_labels, tensorboard_writer
+from r3.runs.plots import compare_runs, differing_flags, main, plot_run, run_labels, tensorboard_writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--warmup-steps", "2", "--task", "sort:3-4",
@@ -50,7 +50,7 @@ def test_plot_run_with_eval_panels(tmp_path):
 
 
 def test_import_is_lazy_and_tensorboard_optional():
-    code = "import sys, r3.plots, r3.inspect, r3.evaluate; print('matplotlib' in sys.modules)"
+    code = "import sys, r3.runs.plots, r3.tools.inspect, r3.train.evaluate; print('matplotlib' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.stdout.strip() == "False", r.stderr
     try:

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
-from r3.config import RUN_DEFINING, RolloutConfig, TrainConfig, parse
+from r3.train.config import RUN_DEFINING, RolloutConfig, TrainConfig, parse
 
 
 @pytest.mark.parametrize("flag, value, domain", [

@@ -93,11 +93,11 @@ def tables(text: str) -> list[list[str]]:
 
 def test_tables_quoted_from_results_files_are_verbatim():
     """A docs table whose header row is that of a table in a committed results/**/*.md file must be one of those
-    tables, line for line; the mismatch tables must be what experiments.mismatch_table renders from the committed
+    tables, line for line; the mismatch tables must be what experiments.mismatch.table renders from the committed
     results/mismatch_table.json."""
     import json
 
-    from experiments.mismatch_table import table
+    from experiments.mismatch.table import table
     sources: dict[str, list[list[str]]] = {}
     for f in sorted((ROOT / "results").rglob("*.md")):
         for t in tables(f.read_text(encoding="utf-8")):

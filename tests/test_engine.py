@@ -7,10 +7,10 @@ import copy
 import pytest
 import torch
 
-from r3 import moe as moe_mod
-from r3.engine import Engine, sample
-from r3.quant import fake_quant_e4m3
-from r3.model import ModelConfig, build_model
+from r3.model import moe as moe_mod
+from r3.rollout.engine import Engine, sample
+from r3.model.quant import fake_quant_e4m3
+from r3.model.model import ModelConfig, build_model
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

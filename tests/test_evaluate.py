@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from r3.batch import Batch
-from r3.engine import Engine
-from r3.evaluate import evaluate, heldout_examples
-from r3.jsonl_task import JsonlTask
-from r3.model import ModelConfig, build_model
-from r3.tasks import EOS, PAD, make_task, prompt_split
+from r3.rollout.batch import Batch
+from r3.rollout.engine import Engine
+from r3.train.evaluate import evaluate, heldout_examples
+from r3.tasks.jsonl_task import JsonlTask
+from r3.model.model import ModelConfig, build_model
+from r3.tasks.tasks import EOS, PAD, make_task, prompt_split
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

@@ -62,7 +62,7 @@ def test_phase_diagram_and_rule(tmp_path):
 
 
 def test_collapse_rule():
-    from experiments.collapse import collapse_step
+    from experiments.rules import collapse_step
     row = lambda s, rew, **kw: dict(step=s, reward=rew, loss=0.0, grad_norm=1.0, **kw)  # noqa: E731
     assert collapse_step([row(s, 0.8) for s in range(50)]) == (None, None)
     steps = [row(s, 0.8) for s in range(20)] + [row(s, 0.0) for s in range(20, 60)]
@@ -75,8 +75,8 @@ def test_collapse_rule():
 
 def test_fidelity_without_a_direction_is_none_and_skipped():
     import torch
-    from experiments.collapse import fidelity_points
-    from r3.fidelity import _cos
+    from experiments.collapse.protocol import fidelity_points
+    from r3.train.fidelity import _cos
     assert _cos(torch.zeros(3), torch.ones(3)) is None and abs(_cos(torch.ones(3), torch.ones(3)) - 1) < 1e-12
     rows = [{"fidelity/cos": 0.9, "fidelity/rel_err": 0.4, "fidelity/grad_norm": 2.0},
             {"fidelity/cos": None, "fidelity/rel_err": None, "fidelity/grad_norm": 2.0},  # logged since the fix

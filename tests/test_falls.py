@@ -1,7 +1,7 @@
-"""What this proves: experiments.falls reads its windows where its docstring says (the 50 steps before the evaluation
-that preceded a collapse, and the fall itself; n1fresh's steps scaled by its block size), compares a fallen run with
-the median of its cell's stable seeds only, and with height-matched windows of never-collapsed runs of its engine
-and N, and on the committed staleness records finds every sustained collapse of grid.json once; a missing grid
+"""What this proves: experiments.staleness.falls reads its windows where its docstring says (the 50 steps before the
+evaluation that preceded a collapse, and the fall itself; n1fresh's steps scaled by its block size), compares a fallen
+run with the median of its cell's stable seeds only, and with height-matched windows of never-collapsed runs of its
+engine and N, and on the committed staleness records finds every sustained collapse of grid.json once; a missing grid
 table is one clear error."""
 import json
 import math
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from experiments import falls as F
+from experiments.staleness import falls as F
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,7 +49,7 @@ def test_n1fresh_windows_bracket_the_fall_in_raw_steps():
     """An n1fresh run evaluates every 200 raw steps (50 blocks of 4); its accuracy falls at raw step 799. The rule,
     read on blocks, gives C; the fall window [C - 50, C] must hold the raw fall and the good evaluation before it
     (block C - 50), the window before it the evaluation before that and not the fall."""
-    from experiments.staleness import run_summary
+    from experiments.rules import run_summary
     raw = [dict(step=s, reward=1.0, loss=0.0, grad_norm=1.0, **({"eval/accuracy": 0.9 if s < 799 else 0.1}
                                                               if s % 200 == 199 else {})) for s in range(1200)]
     C = run_summary("abc", raw, k=4)["collapse_step"]
@@ -116,7 +116,7 @@ def test_summary_skips_falls_without_a_held_out_bracket_and_kl_at_rounding_level
 
 
 def test_on_the_committed_staleness_records(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "experiments.falls", "--out", str(tmp_path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "experiments.staleness.falls", "--out", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     grid = json.loads((ROOT / "results" / "staleness" / "grid.json").read_text())
@@ -128,7 +128,7 @@ def test_on_the_committed_staleness_records(tmp_path):
 
 
 def test_a_missing_grid_is_one_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "experiments.falls", "--grid", str(tmp_path)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "experiments.staleness.falls", "--grid", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert f"{tmp_path}/grid.json: no grid table" in r.stderr

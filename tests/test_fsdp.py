@@ -9,8 +9,8 @@ import sys
 import torch
 
 from conftest import gloo_died, rank_errors
-from r3.hf import load_pretrained, save_pretrained
-from r3.model import ModelConfig, build_model
+from r3.scale.hf import load_pretrained, save_pretrained
+from r3.model.model import ModelConfig, build_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "fsdp_worker.py")

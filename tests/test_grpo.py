@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from r3.grpo import correction_weights, group_advantages, loss_denominator, policy_loss
-from r3.guard import CollapseGuard
+from r3.train.grpo import correction_weights, group_advantages, loss_denominator, policy_loss
+from r3.train.guard import CollapseGuard
 
 OLD = torch.zeros(2, 2)
 NEW = torch.log(torch.tensor([[1.5, 0.9], [0.5, 1.1]]))  # ratios

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from r3.hf import CheckpointError, config_from_hf, load_pretrained, save_pretrained
-from r3.model import ModelConfig, build_model
+from r3.scale.hf import CheckpointError, config_from_hf, load_pretrained, save_pretrained
+from r3.model.model import ModelConfig, build_model
 
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # the test extra (pyproject.toml); never skipped
 
@@ -122,7 +122,7 @@ QWEN3_30B_A3B_CONFIG = {  # Qwen/Qwen3-30B-A3B config.json as published (transfo
 
 
 def test_qwen3_30b_a3b_config_is_supported():
-    from r3.memory import QWEN3_30B_A3B
+    from r3.scale.memory import QWEN3_30B_A3B
     assert config_from_hf(QWEN3_30B_A3B_CONFIG) == (QWEN3_30B_A3B, torch.bfloat16)
 
 

@@ -1,9 +1,9 @@
-"""What this proves: the engine-import library (`r3.engine_formats`, `r3.batch.batch_from_samples`) refuses, where
-the data enters and naming the field, row and position, everything a saved rollout folder would refuse: NaN or
-positive log-probs, log-prob entries for other tokens than output_ids, token ids outside the vocabulary, NaN rewards,
-a None response, a None vLLM log-prob entry (one line naming its position), prev-routes of the wrong layer count, a
-meta.temperature string; a list where a tensor belongs is either taken as the same ids or refused by name; and the
-in-memory and on-disk checks give the same message."""
+"""What this proves: the engine-import library (`r3.rollout.engine_formats`, `r3.rollout.batch.batch_from_samples`)
+refuses, where the data enters and naming the field, row and position, everything a saved rollout folder would refuse:
+NaN or positive log-probs, log-prob entries for other tokens than output_ids, token ids outside the vocabulary, NaN
+rewards, a None response, a None vLLM log-prob entry (one line naming its position), prev-routes of the wrong layer
+count, a meta.temperature string; a list where a tensor belongs is either taken as the same ids or refused by name; and
+the in-memory and on-disk checks give the same message."""
 import base64
 import math
 import sys
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from r3.batch import batch_from_samples, load_rollouts, save_batch
-from r3.engine_formats import EngineSample, decode_sglang_routes, sglang_sample, vllm_sample
+from r3.rollout.batch import batch_from_samples, load_rollouts, save_batch
+from r3.rollout.engine_formats import EngineSample, decode_sglang_routes, sglang_sample, vllm_sample
 from r3.errors import InputError, run_main
-from r3.model import ModelConfig
-from r3.moe import RoutesError
-from r3.validate import check_batch_fields, check_batch_model
+from r3.model.model import ModelConfig
+from r3.model.moe import RoutesError
+from r3.runs.validate import check_batch_fields, check_batch_model
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

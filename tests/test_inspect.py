@@ -1,4 +1,4 @@
-"""What this proves: the inspector's per-token numbers are r3/score.py's (their mismatch metrics equal
+"""What this proves: the inspector's per-token numbers are r3/train/score.py's (their mismatch metrics equal
 `old_policy_pass` on the same batch, without and with R3), a sample dump round-trips, the HTML page has the promised
 structure (one coloured, titled span per response token, flipped layers marked, a per-layer SVG histogram, no
 script), and `python -m r3.inspect` runs end to end on a rollout folder and on a run folder's dumps."""
@@ -11,13 +11,13 @@ from html.parser import HTMLParser
 import pytest
 import torch
 
-from r3.batch import load_batch, save_batch
-from r3.inspect import dump_samples, load_scores, pick_rows, render_html, summarize, token_namer, token_scores
-from r3.metrics import mismatch
-from r3.model import PRESETS, ModelConfig, build_model
-from r3.collect import rollout
-from r3.score import old_policy_pass, score
-from r3.tasks import make_task
+from r3.rollout.batch import load_batch, save_batch
+from r3.tools.inspect import dump_samples, load_scores, pick_rows, render_html, summarize, token_namer, token_scores
+from r3.train.metrics import mismatch
+from r3.model.model import PRESETS, ModelConfig, build_model
+from r3.train.collect import rollout
+from r3.train.score import old_policy_pass, score
+from r3.tasks.tasks import make_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

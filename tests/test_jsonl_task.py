@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from r3.hf import QWEN_EOS_IDS, load_tokenizer
-from r3.jsonl_task import boxed_reward, last_boxed, make_jsonl_task
+from r3.scale.hf import QWEN_EOS_IDS, load_tokenizer
+from r3.tasks.jsonl_task import boxed_reward, last_boxed, make_jsonl_task
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 

@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from r3.tasks import EOS, SYMBOL0, Cipher, make_task
-from r3.warmup import preset_config
+from r3.tasks.tasks import EOS, SYMBOL0, Cipher, make_task
+from r3.train.warmup import preset_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
@@ -41,7 +41,7 @@ def test_chain_task():
 
 def test_the_5_percent_ess_length_is_extrapolated_per_sampled_token():
     """Responses that stop at a quarter of T: Var[log w] grows with the tokens sampled, not with the nominal T."""
-    from experiments.length import extrapolate
+    from experiments.length.grid import extrapolate
     run = lambda T, var: dict(length=T, mean_response_length=T / 4, mean_var_log_w=var)  # noqa: E731
     summ = {"fp8-router/none/T64": {"runs": {"0": run(64, 0.016)}},  # 0.001 per sampled token
             "fp8-router/none/T256": {"runs": {"0": run(256, 0.064)}},
@@ -53,7 +53,7 @@ def test_the_5_percent_ess_length_is_extrapolated_per_sampled_token():
 
 
 def test_positive_controls_run_only_after_a_fall_of_no_replay_at_the_longest_length():
-    from experiments.length import controls_needed
+    from experiments.length.grid import controls_needed
 
     def summ(*steps):  # (primary, secondary) collapse steps of no replay's finished seeds at T = 8
         runs = {i: dict(collapse_step=a, secondary_step=b) for i, (a, b) in enumerate(steps)}

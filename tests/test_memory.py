@@ -5,9 +5,9 @@ building [B, T, V] logits."""
 import pytest
 import torch
 
-from r3.memory import GiB, QWEN3_30B_A3B, format_plan, memory_plan, param_counts
-from r3.score import chunked_logprobs
-from r3.model import ModelConfig, build_model
+from r3.scale.memory import GiB, QWEN3_30B_A3B, format_plan, memory_plan, param_counts
+from r3.train.score import chunked_logprobs
+from r3.model.model import ModelConfig, build_model
 
 
 def test_param_counts_match_the_model():
@@ -69,7 +69,7 @@ def test_chunked_logprobs_equal_full_gather_and_grads(chunk, temperature):
 
 def test_chunked_logprobs_never_allocate_full_logits(monkeypatch):
     """Every logits matmul the function runs has at most `chunk` rows, in the forward and in the backward."""
-    import r3.score as mem
+    import r3.train.score as mem
     rows = []
     real = mem.F.linear
 

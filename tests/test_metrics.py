@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from r3.metrics import entropy, extreme_frac, flip_stats, kl_full, kl_k3, mismatch
+from r3.train.metrics import entropy, extreme_frac, flip_stats, kl_full, kl_k3, mismatch
 
 
 def test_k3_kl_hand_computed():

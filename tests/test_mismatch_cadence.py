@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from r3.metrics import MISMATCH_KEYS
+from r3.train.metrics import MISMATCH_KEYS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--steps", "4", "--prompts-per-step", "3", "--group-size", "2", "--warmup-steps", "3", "--task", "sort:3-4",

@@ -5,7 +5,7 @@ import os
 
 import torch
 
-from experiments.mismatch_table import main
+from experiments.mismatch.table import main
 
 
 def test_mismatch_table_smoke(tmp_path, capsys):

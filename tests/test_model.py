@@ -3,8 +3,8 @@ invisible, and training forwards are bit-deterministic on CPU."""
 import pytest
 import torch
 
-from r3.model import KVCache, ModelConfig, build_model
-from r3.moe import experts_dense_reference
+from r3.model.model import KVCache, ModelConfig, build_model
+from r3.model.moe import experts_dense_reference
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)
@@ -12,7 +12,7 @@ CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=3, num_attent
 
 @pytest.mark.parametrize("norm_topk", [True, False])
 def test_sorted_dispatch_equals_dense_reference(norm_topk):
-    from r3.moe import MoE
+    from r3.model.moe import MoE
     torch.manual_seed(0)
     moe = MoE(32, 24, 8, 3, norm_topk)
     for p in moe.parameters():

@@ -8,8 +8,8 @@ import copy
 import pytest
 import torch
 
-from r3 import moe as moe_mod
-from r3.moe import MoE, experts_dense_reference
+from r3.model import moe as moe_mod
+from r3.model.moe import MoE, experts_dense_reference
 
 
 def block(E, K, D=32, I=24, seed=0, norm_topk=True):

@@ -1,8 +1,8 @@
-"""What this proves: experiments.plateaus finds the symbols a cipher run maps wrong on (nearly) every occurrence, in
-at least two of its dumps' prompts, and only those; a right answer (a real Cipher example) counts as exact; the cap
-is the share of the run's held-out prompts free of the stuck symbols; the inputs it keeps for a grid give the same
-table as the run folders, byte for byte on a rerun, and the grid keeps a cipher run's input as the run finishes; bad
-input is refused with a line naming the file."""
+"""What this proves: experiments.staleness.plateaus finds the symbols a cipher run maps wrong on (nearly) every
+occurrence, in at least two of its dumps' prompts, and only those; a right answer (a real Cipher example) counts as
+exact; the cap is the share of the run's held-out prompts free of the stuck symbols; the inputs it keeps for a grid give
+the same table as the run folders, byte for byte on a rerun, and the grid keeps a cipher run's input as the run
+finishes; bad input is refused with a line naming the file."""
 import gzip
 import json
 import os
@@ -10,11 +10,11 @@ import os
 import pytest
 import torch
 
-from experiments import plateaus as P
-from r3.batch import Batch, save_batch
+from experiments.staleness import plateaus as P
+from r3.rollout.batch import Batch, save_batch
 from r3.errors import InputError
-from r3.evaluate import heldout_examples
-from r3.tasks import EOS, SYMBOL0, TOK, Cipher, make_task
+from r3.train.evaluate import heldout_examples
+from r3.tasks.tasks import EOS, SYMBOL0, TOK, Cipher, make_task
 
 N = 4  # symbols per prompt
 TASK = f"cipher:{N}-{N}"

@@ -3,8 +3,8 @@ conversation) equal the routes of a fresh full prefill on the same numerics (fp3
 computed: group prefill work is 1/G, a continued turn computes only its new chunk."""
 import torch
 
-from r3.engine import Engine
-from r3.model import ModelConfig, build_model
+from r3.rollout.engine import Engine
+from r3.model.model import ModelConfig, build_model
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

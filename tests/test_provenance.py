@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from r3.provenance import earlier_segments, git_state, markdown_line, provenance, stamp
+from r3.runs.provenance import earlier_segments, git_state, markdown_line, provenance, stamp
 
 FIELDS = ["commit", "dirty", "torch", "python", "threads", "platform", "machine", "cpu_count", "started", "finished",
           "wall_s", "argv", "command"]

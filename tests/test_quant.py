@@ -1,11 +1,12 @@
-"""What this proves: every low-bit rollout format round-trips weights within its format's error bound (r3/quant.py),
-touches exactly the weights it should (the router only for fp8-router), and the engine samples with each."""
+"""What this proves: every low-bit rollout format round-trips weights within its format's error bound
+(r3/model/quant.py), touches exactly the weights it should (the router only for fp8-router), and the engine samples with
+each."""
 import pytest
 import torch
 
-from r3.engine import ROLLOUT_DTYPES, Engine
-from r3.model import ModelConfig, build_model
-from r3.quant import FORMATS, quantise
+from r3.rollout.engine import ROLLOUT_DTYPES, Engine
+from r3.model.model import ModelConfig, build_model
+from r3.model.quant import FORMATS, quantise
 
 CFG = ModelConfig(num_hidden_layers=2, max_position_embeddings=64)
 
@@ -15,7 +16,7 @@ def _amax_blocks(w, size):
     return w.abs().reshape(*w.shape[:-1], -1, g).amax(-1, keepdim=True).expand(*w.shape[:-1], -1, g).reshape(w.shape)
 
 
-# (format, per-element bound as a function of the weight): the bounds stated in r3/quant.py's docstring
+# (format, per-element bound as a function of the weight): the bounds stated in r3/model/quant.py's docstring
 BOUNDS = {
     "fp8": lambda w: w.abs() * 2 ** -4 + w.abs().amax(dim=(-2, -1), keepdim=True) / 448 * 2 ** -10,
     "fp8-channel": lambda w: w.abs() * 2 ** -4 + w.abs().amax(-1, keepdim=True) / 448 * 2 ** -10,

@@ -18,11 +18,11 @@ import torch
 
 import rollout
 import train
-from r3 import check, inspect, serve
-from r3.batch import load_batch, save_batch
+from r3.tools import check, inspect, serve
+from r3.rollout.batch import load_batch, save_batch
 from r3.errors import run_main
-from r3.hf import save_pretrained
-from r3.model import ModelConfig, build_model
+from r3.scale.hf import save_pretrained
+from r3.model.model import ModelConfig, build_model
 
 TINY = ["--prompts-per-step", "3", "--group-size", "2", "--warmup-steps", "3", "--task", "sort:3-4", "--val-every",
         "0", "--eval-prompts", "8", "--eval-samples", "2", "--no-plot", "--quiet", "--steps", "2"]

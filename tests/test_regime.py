@@ -11,9 +11,9 @@ from experiments.regime import design
 from experiments.regime.calibrate import closest, depth_rule, interval, steps_rule
 from experiments.regime.grid import answer, cell_run, compare, kl_trend, run_row
 from experiments.regime.measure import Spec, measure
-from r3.model import build_model
-from r3.tasks import make_task
-from r3.warmup import preset_config
+from r3.model.model import build_model
+from r3.tasks.tasks import make_task
+from r3.train.warmup import preset_config
 
 
 def flags_of(cell, seed=0):

@@ -11,14 +11,14 @@ import sys
 import pytest
 import torch
 
-from r3.config import TrainConfig, parse
-from r3.engine import Engine
-from r3.evaluate import evaluate, heldout_examples
-from r3.metrics import flip_stats
-from r3.model import ModelConfig, build_model
-from r3.quant import router_grid
-from r3.tasks import EOS, PAD, make_task
-from r3.warmup import preset_config, probe_reward, warmed_up_model, warmup_info
+from r3.train.config import TrainConfig, parse
+from r3.rollout.engine import Engine
+from r3.train.evaluate import evaluate, heldout_examples
+from r3.train.metrics import flip_stats
+from r3.model.model import ModelConfig, build_model
+from r3.model.quant import router_grid
+from r3.tasks.tasks import EOS, PAD, make_task
+from r3.train.warmup import preset_config, probe_reward, warmed_up_model, warmup_info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig(num_hidden_layers=2, max_position_embeddings=64)

@@ -1,8 +1,8 @@
-"""What this proves: over HTTP, the SGLang client (r3/remote*.py) gets exactly the routes the server's engine recorded,
-R3 replay of an fp32 server's batch against the same weights gives kl ~ 0, weight sync really changes what the server
-samples (and syncing back reproduces the first samples, seed for seed), the vLLM client reads the split and combined
-route layouts, and a down, slow or misbehaving server is refused with an error that names the request. Fit for a
-cluster: two servers share a call's chunks (the batch equals one server's) and both load every sync, a server that
+"""What this proves: over HTTP, the SGLang client (r3/rollout/remote*.py) gets exactly the routes the server's engine
+recorded, R3 replay of an fp32 server's batch against the same weights gives kl ~ 0, weight sync really changes what the
+server samples (and syncing back reproduces the first samples, seed for seed), the vLLM client reads the split and
+combined route layouts, and a down, slow or misbehaving server is refused with an error that names the request. Fit for
+a cluster: two servers share a call's chunks (the batch equals one server's) and both load every sync, a server that
 missed one is refused; a loading server (refused, then 503) is waited out with a progress line; a stalled /generate
 is aborted rid by rid and retried, giving the batch a healthy server gives; a 4xx, a 404 /health or another
 architecture ends the call at once; a 503 is retried a bounded number of times; vLLM's 404 on the reload route names
@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 import torch
 
-import r3.remote_engine
-import r3.remote_http
-from r3.hf import config_to_hf
-from r3.model import PRESETS, build_model
-from r3.remote import RemoteEngineError, SGLangEngine, make_engine
-from r3.score import old_policy_pass
-from r3.serve import SGLangStandIn
+import r3.rollout.remote_engine
+import r3.rollout.remote_http
+from r3.scale.hf import config_to_hf
+from r3.model.model import PRESETS, build_model
+from r3.rollout.remote import RemoteEngineError, SGLangEngine, make_engine
+from r3.train.score import old_policy_pass
+from r3.tools.serve import SGLangStandIn
 from served import free_port, get_json, on_thread, toy_server  # noqa: F401 -- toy_server is a fixture
 
 CFG = PRESETS["toy"]
@@ -370,10 +370,10 @@ def test_a_loading_server_is_waited_out_with_a_progress_line(capsys, monkeypatch
     port, state, server, refused = free_port(), stand_in(unavailable=2), [], threading.Event()
 
     def log(msg):  # the client's own log line, printed as ever; its first "connection refused" opens the port
-        r3.remote_http.log(msg)
+        r3.rollout.remote_http.log(msg)
         if "connection refused" in msg:
             refused.set()
-    monkeypatch.setattr(r3.remote_engine, "log", log)
+    monkeypatch.setattr(r3.rollout.remote_engine, "log", log)
 
     def start_late():  # the port opens once a poll was refused, then answers 503 twice, as a loading SGLang
         refused.wait(300)  # a bound only: a client that never polls fails the assertions below instead of hanging
@@ -461,8 +461,8 @@ def test_vllm_reload_404_names_dev_mode_and_a_wrong_model_is_refused(fake, tmp_p
 
 
 def test_serve_defaults_follow_train_py_and_a_missing_weights_root_is_refused(tmp_path):
-    from r3.config import TrainConfig, parse
-    from r3.serve import parser
+    from r3.train.config import TrainConfig, parse
+    from r3.tools.serve import parser
     served, trained = parser().parse_args([]), parse(TrainConfig, [])
     assert (served.task, served.warmup_steps, served.seed) == (trained.task, trained.warmup_steps, trained.seed)
     r = subprocess.run([sys.executable, "-m", "r3.serve", "--weights-root", str(tmp_path / "nope")], cwd=ROOT,

@@ -3,9 +3,9 @@ trainer would not pick), is a no-op on identical numerics, and refuses malformed
 import pytest
 import torch
 
-from r3.engine import Engine
-from r3.model import ModelConfig, build_model
-from r3.moe import MoE, RoutesError, experts_dense_reference
+from r3.rollout.engine import Engine
+from r3.model.model import ModelConfig, build_model
+from r3.model.moe import MoE, RoutesError, experts_dense_reference
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

@@ -136,7 +136,7 @@ def test_the_docs_list_the_registry():
 
 
 def test_a_mismatch_names_the_cpu_a_file_was_made_on_when_it_is_not_this_one(tmp_path):
-    from r3.provenance import cpu_name
+    from r3.runs.provenance import cpu_name
     e = BY_NAME["storage"]
     path = tmp_path / e.out / e.checks[0].file
     path.parent.mkdir(parents=True)
@@ -155,7 +155,7 @@ def test_a_mismatch_names_the_cpu_a_file_was_made_on_when_it_is_not_this_one(tmp
 
 
 def test_a_check_compares_with_this_cpus_twin_when_the_entrys_file_was_made_on_another(tmp_path, capsys):
-    from r3.provenance import cpu_name
+    from r3.runs.provenance import cpu_name
     e = BY_NAME["storage"]
     copy_committed(e, tmp_path)
     own = tmp_path / e.out / "storage.json"

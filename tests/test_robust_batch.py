@@ -10,11 +10,11 @@ import struct
 import pytest
 import torch
 
-from r3.batch import load_batch, load_rollouts, save_batch
-from r3.engine import Engine
-from r3.model import ModelConfig, build_model
-from r3.moe import RoutesError
-from r3.routing import decode_routes
+from r3.rollout.batch import load_batch, load_rollouts, save_batch
+from r3.rollout.engine import Engine
+from r3.model.model import ModelConfig, build_model
+from r3.model.moe import RoutesError
+from r3.model.routing import decode_routes
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

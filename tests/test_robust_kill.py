@@ -15,11 +15,11 @@ import time
 import pytest
 
 from conftest import sigkill_on_call
-import r3.io
+import r3.runs.io
 import rollout as rollout_cli
-from r3.batch import load_batch, load_rollouts
-from r3.config import RolloutConfig, parse
-from r3.model import PRESETS
+from r3.rollout.batch import load_batch, load_rollouts
+from r3.train.config import RolloutConfig, parse
+from r3.model.model import PRESETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARGS = ["--preset", "toy", "--task", "sort", "--warmup-steps", "0", "--num-prompts", "2", "--group-size", "2",
@@ -60,7 +60,7 @@ def kill_at(k: int, argv: list[str], count_file: str) -> int:
             for name in OS_CALLS:
                 setattr(os, name, counted(getattr(os, name)))
             builtins.open = counted(builtins.open)
-            r3.io.exchange = counted(r3.io.exchange)
+            r3.runs.io.exchange = counted(r3.runs.io.exchange)
             return save(*a, **kw)
         rollout_cli.save_batch = armed_save
         rollout_cli.main(argv)
@@ -96,7 +96,7 @@ def test_rollout_killed_at_every_call_of_its_batch_write_leaves_old_or_new(tmp_p
     assert "old" in seen and "new" in seen, seen
     os.makedirs(tmp_path / "a")
     os.makedirs(tmp_path / "b")
-    if r3.io.exchange(str(tmp_path / "a"), str(tmp_path / "b")):  # with an atomic swap the folder is never missing
+    if r3.runs.io.exchange(str(tmp_path / "a"), str(tmp_path / "b")):  # with an atomic swap the folder is never missing
         assert "refused" not in seen, seen
     print(f"{total} kill points: {seen.count('old')} old, {seen.count('new')} new, {seen.count('refused')} refused")
 

@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from r3.checkpoint import load_checkpoint, save_checkpoint
-from r3.hf import CheckpointError, config_to_hf, load_config, load_tokenizer, shard_files
-from r3.jsonl_task import JsonlTask, make_jsonl_task
-from r3.model import ModelConfig, build_model
-from r3.moe import RoutesError
-from r3.engine_formats import decode_sglang_routes, vllm_sample
-from r3.tasks import make_task
-from r3.warmup import checkpoint_config, save_weights, warmed_up_model
+from r3.runs.checkpoint import load_checkpoint, save_checkpoint
+from r3.scale.hf import CheckpointError, config_to_hf, load_config, load_tokenizer, shard_files
+from r3.tasks.jsonl_task import JsonlTask, make_jsonl_task
+from r3.model.model import ModelConfig, build_model
+from r3.model.moe import RoutesError
+from r3.rollout.engine_formats import decode_sglang_routes, vllm_sample
+from r3.tasks.tasks import make_task
+from r3.train.warmup import checkpoint_config, save_weights, warmed_up_model
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

@@ -13,13 +13,13 @@ import sys
 import pytest
 
 from conftest import sigkill_on_call
-import r3.io
-import r3.runfolder
-from r3.runfolder import (RunFolder, RunFolderError, append_metrics, check_resume, check_steps, read_metrics,
-                          truncate_metrics)
+import r3.runs.io
+import r3.runs.runfolder
+from r3.runs.runfolder import (RunFolder, RunFolderError, append_metrics, check_resume, check_steps, read_metrics,
+                               truncate_metrics)
 
 # holds the folder until killed (stdin stays open; it closes, and the holder exits, only if the test itself dies)
-HOLD = "import sys; from r3.runfolder import RunFolder; r = RunFolder(sys.argv[1]); print('held', flush=True); " \
+HOLD = "import sys; from r3.runs.runfolder import RunFolder; r = RunFolder(sys.argv[1]); print('held', flush=True); " \
        "sys.stdin.read()"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -78,8 +78,8 @@ def test_a_kill_anywhere_inside_clear_leaves_the_old_run_whole_or_gone(tmp_path)
                 for name in ("open", "replace", "rename", "fsync", "mkdir", "makedirs", "rmdir", "unlink", "close"):
                     setattr(os, name, counted(getattr(os, name)))
                 builtins.open = counted(builtins.open)
-                r3.runfolder.exchange = counted(r3.runfolder.exchange)
-                r3.runfolder.shutil.rmtree = counted(r3.runfolder.shutil.rmtree)
+                r3.runs.runfolder.exchange = counted(r3.runs.runfolder.exchange)
+                r3.runs.runfolder.shutil.rmtree = counted(r3.runs.runfolder.shutil.rmtree)
                 run.clear()
                 os.write(os.open(str(tmp_path / "calls"), os.O_WRONLY | os.O_CREAT), str(counted.calls[0]).encode())
             finally:
@@ -154,12 +154,12 @@ def test_writes_do_not_open_what_other_writers_keep_beside_them(tmp_path):
     fsyncs its parent's entries, never the siblings, which another writer may rename away in between (a flaky
     FileNotFoundError in CI, 2026-12-04). A dangling link stands for a sibling that vanished."""
     os.symlink(tmp_path / "renamed-away", tmp_path / ".tmpXYZ")
-    r3.io.atomic_write_json(str(tmp_path / "a.json"), dict(x=1))
+    r3.runs.io.atomic_write_json(str(tmp_path / "a.json"), dict(x=1))
     def folder(tmp):
         os.makedirs(tmp)
         with open(os.path.join(tmp, "f"), "w") as f:
             f.write("x")
-    r3.io.atomic_write(str(tmp_path / "folder"), folder)
+    r3.runs.io.atomic_write(str(tmp_path / "folder"), folder)
     assert os.listdir(tmp_path / "folder") == ["f"]
     run = RunFolder(str(tmp_path / "run"))
     old_run(str(tmp_path / "run"))

@@ -11,13 +11,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from r3.batch import Batch, load_batch, save_batch
-from r3.model import ModelConfig, build_model
-from r3.moe import RoutesError
-from r3.checkpoint import save_weights
-from r3.collect import rollout
-from r3.score import score
-from r3.tasks import make_task
+from r3.rollout.batch import Batch, load_batch, save_batch
+from r3.model.model import ModelConfig, build_model
+from r3.model.moe import RoutesError
+from r3.runs.checkpoint import save_weights
+from r3.train.collect import rollout
+from r3.train.score import score
+from r3.tasks.tasks import make_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -136,7 +136,7 @@ def test_out_of_range_expert_id_is_refused(tmp_path):
 
 def test_cli_takes_an_hf_folder_like_train_py(tmp_path):
     """--model means a checkpoint in both scripts: an HF folder works here as in train.py."""
-    from r3.hf import save_pretrained
+    from r3.scale.hf import save_pretrained
     save_pretrained(build_model(CFG, 5).init_weights(5, std=0.2), str(tmp_path / "hf"))
     stdout = run_cli("--model", str(tmp_path / "hf"), "--task", "sort:3-4", "--prompts-per-step", "2",
                      "--group-size", "2", "--out", str(tmp_path / "ro"))

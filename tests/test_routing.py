@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from r3.batch import load_batch, load_rollouts, save_batch
-from r3.engine import Engine
-from r3.model import ModelConfig, build_model
-from r3.moe import RoutesError
-from r3.routing import (CODECS, DEFAULT_FILE_CODEC, SET_CODECS, decode_routes, encode_routes, encoded_nbytes,
-                        rank_bits, row_bits)
+from r3.rollout.batch import load_batch, load_rollouts, save_batch
+from r3.rollout.engine import Engine
+from r3.model.model import ModelConfig, build_model
+from r3.model.moe import RoutesError
+from r3.model.routing import (CODECS, DEFAULT_FILE_CODEC, SET_CODECS, decode_routes, encode_routes, encoded_nbytes,
+                              rank_bits, row_bits)
 
 GEOMETRIES = [(1, 1), (7, 3), (8, 2), (8, 8), (128, 8), (256, 1), (256, 8), (256, 40), (200, 100), (256, 128),
               (256, 255), (256, 256)]

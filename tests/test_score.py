@@ -4,10 +4,10 @@ under R3, and hands the update the routes its replay mode asks for."""
 import pytest
 import torch
 
-from r3.collect import rollout
-from r3.model import ModelConfig, build_model
-from r3.score import old_policy_pass, score
-from r3.tasks import make_task
+from r3.train.collect import rollout
+from r3.model.model import ModelConfig, build_model
+from r3.train.score import old_policy_pass, score
+from r3.tasks.tasks import make_task
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

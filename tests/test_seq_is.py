@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from r3.grpo import loss_denominator, policy_loss
+from r3.train.grpo import loss_denominator, policy_loss
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,14 +1,14 @@
-"""What this proves: the trainer's forward with each group's prompt computed once (r3/prefix.py) gives the plain
+"""What this proves: the trainer's forward with each group's prompt computed once (r3/model/prefix.py) gives the plain
 forward's logits (1e-5), routes (equal) and gradients (relative error 1e-5), with left-padded prompts of several
 lengths, padded responses, replayed routes and the dense twin; it is used only where rows really share their
 prompt (tokens, validity, replayed routes), and computes fewer positions."""
 import torch
 
-from r3.engine import Engine
-from r3.model import PRESETS, build_model
-from r3.prefix import forward_shared_prefix, shared_prefix
-from r3.score import batch_groups, token_logp
-from r3.tasks import EOS, PAD, make_task
+from r3.rollout.engine import Engine
+from r3.model.model import PRESETS, build_model
+from r3.model.prefix import forward_shared_prefix, shared_prefix
+from r3.train.score import batch_groups, token_logp
+from r3.tasks.tasks import EOS, PAD, make_task
 
 
 def rollout(dense=False, dtype="bf16", seed=0):

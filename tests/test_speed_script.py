@@ -1,4 +1,4 @@
-"""What this proves: experiments/speed.py runs end to end at CI size and writes its JSON and markdown table, with
+"""What this proves: experiments/speed/ runs end to end at CI size and writes its JSON and markdown table, with
 every section present, ratios computed, and our model and transformers' loaded with the same weights; the compile
 probe's opaque op is grouped_mm exactly."""
 import json
@@ -42,8 +42,8 @@ def test_opaque_grouped_mm_matches_grouped_mm_forward_and_backward():
     """The compile probe's opaque op is F.grouped_mm and its autograd, bit for bit, an empty expert included."""
     import torch
     import torch.nn.functional as F
-    import r3.moe
-    from experiments.speed import opaque_experts, opaque_grouped_mm
+    import r3.model.moe
+    from experiments.speed.bench import opaque_experts, opaque_grouped_mm
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(23, 16, generator=g, requires_grad=True)
@@ -55,11 +55,11 @@ def test_opaque_grouped_mm_matches_grouped_mm_forward_and_backward():
     assert torch.equal(got, want)
     for a, b in zip(torch.autograd.grad((got * up).sum(), (x, w)), torch.autograd.grad((want * up).sum(), (x, w))):
         assert torch.equal(a, b)
-    saved = r3.moe._grouped_mm, r3.moe._grouped_mm_ok
+    saved = r3.model.moe._grouped_mm, r3.model.moe._grouped_mm_ok
     with opaque_experts():
-        assert r3.moe._grouped_mm is opaque_grouped_mm and r3.moe._grouped_mm_ok(x, w)
-        assert not r3.moe._grouped_mm_ok(x, torch.randn(4, 8, 6))  # 24-byte rows: grouped_mm refuses them
-    assert (r3.moe._grouped_mm, r3.moe._grouped_mm_ok) == saved
+        assert r3.model.moe._grouped_mm is opaque_grouped_mm and r3.model.moe._grouped_mm_ok(x, w)
+        assert not r3.model.moe._grouped_mm_ok(x, torch.randn(4, 8, 6))  # 24-byte rows: grouped_mm refuses them
+    assert (r3.model.moe._grouped_mm, r3.model.moe._grouped_mm_ok) == saved
 
 
 def test_compile_section_compiles_the_trainer_step(tmp_path):

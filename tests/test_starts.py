@@ -1,15 +1,15 @@
-"""What this proves: experiments.starts credits each cipher symbol with the teacher-forced probability of its own
-image (a model sure of one symbol's image and unsure of the rest is read as exactly that), and end to end it scores a
-warm-up checkpoint from train.py's cache, sets it beside a grid's start, climb and stuck symbols (their probability
+"""What this proves: experiments.staleness.starts credits each cipher symbol with the teacher-forced probability of its
+own image (a model sure of one symbol's image and unsure of the rest is read as exactly that), and end to end it scores
+a warm-up checkpoint from train.py's cache, sets it beside a grid's start, climb and stuck symbols (their probability
 and rank among the 64), names a damaged grid file in one line, and refuses a warm-up of no steps."""
 import json
 
 import pytest
 import torch
 
-from experiments import starts as S
+from experiments.staleness import starts as S
 from r3.errors import InputError
-from r3.tasks import SYMBOL0, VOCAB, Cipher, make_task
+from r3.tasks.tasks import SYMBOL0, VOCAB, Cipher, make_task
 
 
 class Stub:
@@ -79,7 +79,7 @@ def test_a_damaged_grid_file_is_one_clear_error(tmp_path):
         S.grid_view(str(tmp_path))
     (tmp_path / "grid.json").write_text(json.dumps(dict(cells={})))  # before the start rule: nothing beside
     (tmp_path / "plateaus.json").write_text(json.dumps(dict(runs=[dict(run="no-seed-here")])))
-    with pytest.raises(InputError, match=r"plateaus\.json: not an experiments\.plateaus result"):
+    with pytest.raises(InputError, match=r"plateaus\.json: not an experiments\.staleness\.plateaus result"):
         S.grid_view(str(tmp_path))
     (tmp_path / "plateaus.json").unlink()
     assert S.grid_view(str(tmp_path)) == {}

@@ -10,10 +10,10 @@ import sys
 import pytest
 import torch
 
-from r3.config import TrainConfig, parse
-from r3.model import PRESETS
-from r3.tasks import BASE_VOCAB, EOS, PAD, SYMBOL0, SYMBOLS, VOCAB, Cipher, decode, make_task
-from r3.warmup import preset_config
+from r3.train.config import TrainConfig, parse
+from r3.model.model import PRESETS
+from r3.tasks.tasks import BASE_VOCAB, EOS, PAD, SYMBOL0, SYMBOLS, VOCAB, Cipher, decode, make_task
+from r3.train.warmup import preset_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,7 +58,7 @@ def test_train_runs_on_the_cipher_task(tmp_path):
                         "--eval-every", "1", "--eval-prompts", "4", "--no-plot", "--quiet", "--out", "run"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    from r3.io import read_jsonl
+    from r3.runs.io import read_jsonl
     rows = read_jsonl(str(tmp_path / "run" / "metrics.jsonl"))
     assert [m["step"] for m in rows] == [0, 1] and all(0 <= m["reward"] <= 1 for m in rows)
 

@@ -77,11 +77,11 @@ def _disk_rollouts(tmp_path, drop_routes_in=None):
     """Two rollout folders from the same warmed-up toy model that train.py will build (same flags, same cache)."""
     import torch
 
-    from r3.batch import save_batch
-    from r3.engine import Engine
-    from r3.model import PRESETS
-    from r3.tasks import EOS, PAD, make_task
-    from r3.warmup import warmed_up_model
+    from r3.rollout.batch import save_batch
+    from r3.rollout.engine import Engine
+    from r3.model.model import PRESETS
+    from r3.tasks.tasks import EOS, PAD, make_task
+    from r3.train.warmup import warmed_up_model
     task = make_task("sort:3-4")
     model, _ = warmed_up_model(PRESETS["toy"], task, "sort:3-4", steps=3, seed=0, progress=False,
                                cache_dir=str(tmp_path / ".cache" / "warmup"))

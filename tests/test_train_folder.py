@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 
-from r3.batch import load_batch
-from r3.tasks import prompt_split
+from r3.rollout.batch import load_batch
+from r3.tasks.tasks import prompt_split
 from stopped import held
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from conftest import gloo_died, rank_errors
-from r3.config import TrainConfig, parse
-from r3.fsdp import global_mean
-from r3.grpo import MAX_METRICS
-from r3.hf import load_pretrained, save_pretrained
-from r3.model import ModelConfig, build_model
+from r3.train.config import TrainConfig, parse
+from r3.scale.fsdp import global_mean
+from r3.train.grpo import MAX_METRICS
+from r3.scale.hf import load_pretrained, save_pretrained
+from r3.model.model import ModelConfig, build_model
 from test_hf_parity import QWEN3_30B_A3B_CONFIG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -28,8 +28,8 @@ REQUIRED = ["step", "reward", "kl", "kl_full", "extreme_frac", "router_flip_rate
             "flips_per_token", "entropy", "grad_norm", "response_length", "clip_frac", "exact", "loss", "step_time"]
 # The 2-rank run must equal the 1-process run bit for bit (fp32 compute): the same data shards, the same gradient
 # per shard, a gradient sum of two addends (exact in either order), the same Adam per element, and a gradient norm
-# reduced in one order at any world size (r3.fsdp.clip_grad_norm). A tolerance here would hide nothing useful: Adam
-# normalises each coordinate, so a last-bit difference in the clip coefficient grew to 3.7e-5 in the final weights
+# reduced in one order at any world size (r3.scale.fsdp.clip_grad_norm). A tolerance here would hide nothing useful:
+# Adam normalises each coordinate, so a last-bit difference in the clip coefficient grew to 3.7e-5 in the final weights
 # on one machine, and nothing bounds it below the size of the update itself (lr 3e-3).
 TOL = 0.0  # relative; tests/test_train_remote.py compares its FSDP run with this too: exact
 

@@ -17,12 +17,12 @@ import threading
 
 import torch
 
-from r3.batch import save_batch
-from r3.collect import reward_batch
-from r3.config import TrainConfig, parse
-from r3.engine import Engine
-from r3.hf import load_pretrained, load_tokenizer
-from r3.jsonl_task import make_jsonl_task
+from r3.rollout.batch import save_batch
+from r3.train.collect import reward_batch
+from r3.train.config import TrainConfig, parse
+from r3.rollout.engine import Engine
+from r3.scale.hf import load_pretrained, load_tokenizer
+from r3.tasks.jsonl_task import make_jsonl_task
 from served import ENV, SMALL, free_port, serving
 from test_train_real import TOL, make_checkpoint, metrics, train
 

@@ -1,6 +1,6 @@
-"""What this proves: walk:T is what r3/tasks.py says: a fixed strongly connected, aperiodic graph of out-degree 4 on
-the 64 symbols, every (s, e) joined by walks of every length T >= WALK_MIN_T, warm-up answers that are right and drawn
-uniformly among all right walks, and a reward that credits each right step of the response's own walk (the last
+"""What this proves: walk:T is what r3/tasks/tasks.py says: a fixed strongly connected, aperiodic graph of out-degree 4
+on the 64 symbols, every (s, e) joined by walks of every length T >= WALK_MIN_T, warm-up answers that are right and
+drawn uniformly among all right walks, and a reward that credits each right step of the response's own walk (the last
 must end on e) and the EOS slot."""
 import collections
 import math
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from r3.errors import InputError
-from r3.tasks import EOS, SYMBOL0, SYMBOLS, WALK_GRAPH, WALK_MIN_T, _walk_counts, make_task
+from r3.tasks.tasks import EOS, SYMBOL0, SYMBOLS, WALK_GRAPH, WALK_MIN_T, _walk_counts, make_task
 
 
 def test_the_graph_has_out_degree_4_and_every_pair_is_joined_at_every_length_from_the_minimum():

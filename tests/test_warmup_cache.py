@@ -11,18 +11,18 @@ import sys
 import pytest
 import torch
 
-import r3.warmup as warmup
-from r3.checkpoint import load_weights, save_weights
-from r3.model import PRESETS, build_model
-from r3.tasks import Example, make_task
+import r3.train.warmup as warmup
+from r3.runs.checkpoint import load_weights, save_weights
+from r3.model.model import PRESETS, build_model
+from r3.tasks.tasks import Example, make_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = """
 import sys, torch
 torch.set_num_threads(1)
-from r3.model import PRESETS
-from r3.tasks import make_task
-from r3.warmup import warmed_up_model
+from r3.model.model import PRESETS
+from r3.tasks.tasks import make_task
+from r3.train.warmup import warmed_up_model
 model, path = warmed_up_model(PRESETS["toy"], make_task("sort:3-4"), "sort:3-4", steps=5, seed=0,
                               cache_dir=sys.argv[1], progress=False)
 print(path, float(sum(p.double().sum() for p in model.parameters())))

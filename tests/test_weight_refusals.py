@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from r3.checkpoint import CheckpointFileError, load_checkpoint, load_weights, save_checkpoint, save_weights
-from r3.engine import Engine
-from r3.hf import CheckpointError, load_pretrained, save_pretrained
-from r3.model import ModelConfig, build_model
+from r3.runs.checkpoint import CheckpointFileError, load_checkpoint, load_weights, save_checkpoint, save_weights
+from r3.rollout.engine import Engine
+from r3.scale.hf import CheckpointError, load_pretrained, save_pretrained
+from r3.model.model import ModelConfig, build_model
 
 CFG = ModelConfig(vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=8, moe_intermediate_size=24, num_experts=8, num_experts_per_tok=2)

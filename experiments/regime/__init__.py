@@ -7,5 +7,5 @@ there before any RL run, then R3 against no replay along a routing-mismatch dial
   calibrate.py  the regime table and calibration (results/regime/regime.*)
   grid.py       the grid's runs, per-run numbers and tests;  run_grid.py  runs it and writes its tables
 Run it as `python -m experiments.regime` (see __main__.py). Imports: r3 and experiments' shared runner and
-statistics, and experiments.staleness's collapse rule (used unchanged).
+statistics, and the staleness grid's collapse rule (experiments/rules.py, used unchanged).
 """

@@ -20,10 +20,10 @@ import torch
 
 from experiments.regime import design
 from experiments.regime.measure import Spec, deep_config, measure, setting_spec, start_model, step_model
-from experiments.sweep import finished, run_all
-from r3.io import atomic_write_json, read_jsonl
-from r3.tasks import make_task
-from r3.warmup import preset_config, warmed_up_model
+from experiments.sweep import finished, run_all, set_flag
+from r3.runs.io import atomic_write_json, read_jsonl
+from r3.tasks.tasks import make_task
+from r3.train.warmup import preset_config, warmed_up_model
 
 
 def _job(kind: str, name: str, seed: int, extra: dict) -> dict:
@@ -199,7 +199,6 @@ def walk_demo(out: str, runs_dir: str, jobs: int) -> dict:
     the grid's oracle/none/n4 flags otherwise: held-out accuracy by evaluation, and the mean entropy of the last 50
     steps that measured it."""
     from experiments.regime.grid import cell_run
-    from experiments.staleness import set_flag
     runs = {}
     for task in DEMO_TASKS:
         for s in DEMO_SEEDS:
@@ -261,10 +260,10 @@ def main(args, t0: float) -> dict:
     walk = {T: summarise(res, "walk", str(T), design.DEPTH_SEEDS) for T in design.WALK_LENGTHS
             if f"walk-{T}-s{design.DEPTH_SEEDS[0]}" in res}
     demo = walk_demo(out, args.runs_dir, args.jobs) if "walk" not in args.skip else None
-    from r3.model import PRESETS
+    from r3.model.model import PRESETS
     preset_ok = depth["decided"] and PRESETS.get("qwen3-routing") == deep_config(depth["depth"], vocab=16)
     if depth["decided"] and not preset_ok:
-        print(f"note: r3/model.py's qwen3-routing preset is not the depth rule's {depth['depth']} layers "
+        print(f"note: r3/model/model.py's qwen3-routing preset is not the depth rule's {depth['depth']} layers "
               f"(deep_config({depth['depth']}, vocab=16)); no timing until it is")
     timed = timing(args) if "timing" not in args.skip and preset_ok else None
     starts = [dict(seed=s, fixed80=res[f"fixed80-natural-s{s}"]["reward"],

@@ -2,12 +2,12 @@
 rule, the steps rule, the grid's cells, the collapse rule, the tests and the predictions. Nothing here is measured;
 `measure.py`, `grid.py` and `report.py` read it. Written 2026-12-06, before the first regime measurement.
 
-Every run is experiments.collapse's HEADLINE update (cipher:32-32, the toy, 16 prompts x 8 samples, lr 3e-4, the
+Every run is experiments.sweep's HEADLINE update (cipher:32-32, the toy, 16 prompts x 8 samples, lr 3e-4, the
 engine's log-probs as π_old, PPO and gradient clipping off, held-out accuracy every 50 steps, the mismatch every 10)
 with start-matched seeds (`--warmup-until 0.3`, at most WARMUP_CAP steps) and the trainer's greedy held-out accuracy
 beside the engine's (`--eval-trainer`). Arms of a cell differ in --replay only; cells of a row in one flag.
 """
-from experiments.collapse import HEADLINE
+from experiments.sweep import HEADLINE
 
 SEEDS = tuple(range(8))  # start-matched; seeds 8 and up are kept unused, for reruns of key cells
 WARMUP_UNTIL, WARMUP_CAP = 0.3, 400
@@ -16,7 +16,7 @@ COMMON = HEADLINE.replace("--warmup-steps 80", f"--warmup-steps {WARMUP_CAP} --w
 assert COMMON != HEADLINE + " --eval-trainer", "HEADLINE's --warmup-steps changed: update COMMON"
 
 # ------------------------------------------------------------------------------------------------- the dial
-# A routing-mismatch dial on the engine only (`--router-levels N`, r3/quant.py `router_grid`): the fp8-router
+# A routing-mismatch dial on the engine only (`--router-levels N`, r3/model/quant.py `router_grid`): the fp8-router
 # engine's router weight rounded per row to an N-point symmetric grid instead of e4m3 (N = 2^B - 1 is int-B).
 # Positions, fixed before any RL run by this rule: the natural fp8-router engine, then int4, int3 and int2 (N = 15, 7,
 # 3), the ladder of the probe in issue 37 (about 9, 17 and 47 % of routers differing, seed 0), which spans the paper's
@@ -47,8 +47,9 @@ DEPTH_TEXT = ("the deep preset's depth is the shallowest of 6, 12, 24, 48 layers
 
 # ------------------------------------------------------------------------------------------- the walk task
 # Tier 3, exposure S = response length x kl >= 3 at the paper-matched position: the entropy-keeping walk:T task
-# (r3/tasks.py). T is the shortest of WALK_LENGTHS whose S, measured at the start of RL at the paper-matched position
-# (mean over seeds 0 and 1), reaches 3; if none does, tier 3 is not run at S >= 3 and the report says what S is.
+# (r3/tasks/tasks.py). T is the shortest of WALK_LENGTHS whose S, measured at the start of RL at the paper-matched
+# position (mean over seeds 0 and 1), reaches 3; if none does, tier 3 is not run at S >= 3 and the report says what S
+# is.
 WALK_LENGTHS = (64, 256)
 
 # --------------------------------------------------------------------------------------------- the regime table

@@ -13,8 +13,9 @@ import os
 import statistics
 
 from experiments.regime import design
-from experiments.staleness import holm, max_drawdown, set_flag, sustained_collapse
-from experiments.stats import fisher_exact, paired_permutation_test
+from experiments.rules import max_drawdown, sustained_collapse
+from experiments.stats import fisher_exact, holm, paired_permutation_test
+from experiments.sweep import set_flag
 
 
 def setting_flags(setting: str, *, paper: str | None, walk_T: int | None) -> list[str]:

@@ -8,7 +8,7 @@
                                       extreme_frac F(2), kl (k3) without and with R3, response length, entropy,
                                       exposure S = length x kl, and the sampled reward
   step_model(run_dir, spec, step)     the policy of a run at `step`, from its ckpt.pt (refused at any other step)
-Quantities are the ones r3/metrics.py logs during training, over the same response tokens.
+Quantities are the ones r3/train/metrics.py logs during training, over the same response tokens.
 """
 import dataclasses
 import os
@@ -17,12 +17,12 @@ import torch
 
 from experiments.regime.design import (ENGINE, MEASURE_PROMPTS, MEASURE_SAMPLES, MEASURE_SEED, POSITIONS, QUANTILES,
                                        WARMUP_CAP, WARMUP_UNTIL)
-from r3.collect import rollout
+from r3.train.collect import rollout
 from r3.errors import InputError
-from r3.model import ModelConfig, Transformer
-from r3.score import old_policy_pass
-from r3.tasks import make_task
-from r3.warmup import preset_config, warmed_up_model, warmup_info
+from r3.model.model import ModelConfig, Transformer
+from r3.train.score import old_policy_pass
+from r3.tasks.tasks import make_task
+from r3.train.warmup import preset_config, warmed_up_model, warmup_info
 
 CIPHER = "cipher:32-32"
 
