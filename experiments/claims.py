@@ -19,7 +19,7 @@ excludes the null on that side, "not shown" when it holds the null, "contradicte
     quickstart_accuracy       `train.py --r3`: held-out accuracy after the last step, sampled       null 0, claimed > 0
     quickstart_greedy         the same, greedy                                                   null 0, claimed > 0
 
-A seed's measurements are the single-seed entries' own code, at their settings: `experiments.mismatch.table.measure`
+A seed's measurements are the single-seed entries' own code, at their settings: `experiments.mismatch_rows.measure`
 (the toy MoE and its dense twin, 200 warm-up steps on sort, 512 prompts x 8 samples, bf16 and fp8 rollouts) and
 `r3.tools.inspect.token_scores` / `summarize` on its fp8 MoE batch (the inspect entry's batch); and `python train.py --r3
 --seed K` (experiments.quickstart's command; held-out accuracy evaluated only at the end, which leaves training as
@@ -87,12 +87,12 @@ def resting_on(entry: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- measuring
 def mismatch_seed(seed: int, args) -> dict:
     """One seed's mismatch claims: the mismatch table's rows (bf16, fp8) and the inspector on its fp8 MoE batch."""
-    from experiments.mismatch import table as mismatch_table
+    from experiments.mismatch_rows import DEFAULTS, measure
     from r3.tools.inspect import summarize, token_scores
     from r3.tasks.tasks import make_task
     from r3.train.warmup import load_model
-    margs = mismatch_table.parse_args(["--prompts", str(args.prompts), "--seed", str(seed), "--warmup-steps",
-                                       str(args.warmup_steps), "--cache-dir", args.cache_dir])
+    margs = argparse.Namespace(**dict(DEFAULTS, prompts=args.prompts, seed=seed, warmup_steps=args.warmup_steps,
+                                      cache_dir=args.cache_dir))
     task = make_task(margs.task)
     models = {kind: load_model("toy", dense=kind == "dense", task=task, task_spec=margs.task, init_seed=seed,
                                warmup_steps=margs.warmup_steps, cache_dir=margs.cache_dir, progress=False)[0]
@@ -100,7 +100,7 @@ def mismatch_seed(seed: int, args) -> dict:
     out = {}
     for dtype in ("bf16", "fp8"):
         batches = {}
-        kl = {r["row"]: r["kl"] for r in mismatch_table.measure("toy", dtype, models, task, margs, batches)}
+        kl = {r["row"]: r["kl"] for r in measure("toy", dtype, models, task, margs, batches)}
         out |= {f"kl_{dtype}_{k}": v for k, v in kl.items()}
         out[f"moe_dense_kl_{dtype}"] = kl["MoE"] / kl["dense"]
         out[f"r3_cut_{dtype}"] = kl["MoE"] / kl["MoE + R3"]
