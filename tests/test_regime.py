@@ -128,13 +128,20 @@ def test_tests_and_answer_read_the_predicted_direction():
 def test_grid_report_and_figures_from_finished_runs(tmp_path):
     """The grid's tables, dose-response and figures from synthetic finished runs (a partial grid included)."""
     from experiments.regime import plots
-    from experiments.regime.run_grid import deep_steps, dose, report_md, survival, walk_length
+    from experiments.regime.run_grid import deep_runs, deep_steps, dose, report_md, survival, walk_length
     start = {p: {"start": {k: {"mean": v} for k, v in (("router_flip_rate", 0.03 + 0.1 * i),
                                                         ("token_flip_rate", 0.1 + 0.2 * i), ("exposure", 0.1 * i))}}
              for i, p in enumerate([*design.POSITIONS, "oracle"])}
     cal = dict(table=start, paper_matched="lv15", pilot=dict(steps=600), depth=dict(decided=True),
                timing=dict(step_time_s=dict(deep=4.0)), walk={"64": {"exposure": {"mean": 0.4}}})
     assert deep_steps(cal, 600) == 400 and walk_length(cal) is None  # 8 h / (16 runs x 4 s x 1.1) = 409 steps
+    assert deep_runs(cal) == (False, "its start-matched warm-up did not reach 0.3 within 400 steps on seeds [0, 1] "
+                                     "(probe rewards [None, None])")
+    cal["deep_warmup"] = {"0": dict(reached=True, probe_reward=0.31), "1": dict(reached=True, probe_reward=0.33)}
+    assert deep_runs(cal) == (True, "400 steps")
+    cal["timing"]["step_time_s"]["deep"] = 12.0
+    assert deep_runs(cal) == (False, "only 100 steps fit the 8 core-hour budget")
+    cal["timing"]["step_time_s"]["deep"] = 4.0
     fell, held = rows_of([1e-3] * 200, [0.2, 0.6, 0.1, 0.05]), rows_of([1e-3] * 200, [0.2, 0.6, 0.7, 0.8])
     cells, rows_by = {}, {}
     for i, p in enumerate(design.POSITIONS):
@@ -146,7 +153,7 @@ def test_grid_report_and_figures_from_finished_runs(tmp_path):
             cells[f"{p}/{arm}/n4"] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()),
                                           n=len(runs), runs=runs)
     data = dict(rule="R", tests_text="T", selection_text="S", predictions=("P",), common="--x", steps=600,
-                deep_steps=550, seeds=list(range(8)), tiers=[1], complete={1: False}, paper_matched="lv15",
+                deep_steps=550, deep=dict(run=False, why="the depth rule is undecided"), seeds=list(range(8)), tiers=[1], complete={1: False}, paper_matched="lv15",
                 settings={p: v["start"] for p, v in start.items()}, cells=cells,
                 tests=compare(cells, "lv15"), answer=answer(compare(cells, "lv15"), False), dose=dose(cells, cal),
                 survival=survival(cells, 600))

@@ -151,6 +151,14 @@ def pilot_runs(out: str, runs_dir: str, jobs: int, grid_runs) -> tuple[list, lis
     return runs, [finished(o, flags, n, records)[1] for o, flags, n in runs]
 
 
+def deep_warmup(res: dict, depth: dict) -> dict:
+    """The start-matched warm-ups of the depth rule's seeds at the chosen depth (what DEEP_RUN_TEXT reads)."""
+    if not depth.get("decided"):
+        return {}
+    return {str(s): res[f"depth-{depth['depth']}-s{s}"]["warmup"] for s in design.DEPTH_SEEDS
+            if f"depth-{depth['depth']}-s{s}" in res}
+
+
 def deep_shapes() -> dict:
     return {L: deep_config(L).__dict__ for L in design.DEPTHS}
 
@@ -181,6 +189,8 @@ def timing(args) -> dict:
         for rep in range(2):
             for name, setting in (("toy", "natural"), ("deep", "deep")):
                 out, flags, _ = cell_run(f"{setting}/none/n4", 0, tmp, 6)
+                i = flags.index("--warmup-until")  # random init: a 48-layer warm-up takes most of an hour
+                flags = set_flag(flags[:i] + flags[i + 2:], "--warmup-steps", "0")
                 out = f"{out}-{rep}"
                 subprocess.run([sys.executable, os.path.join(calibrate_root(), "train.py"), *flags, "--steps", "6",
                                 "--out", out, "--quiet", "--no-plot", "--threads", "1", "--eval-every", "0",
@@ -188,7 +198,8 @@ def timing(args) -> dict:
                 times[name] += [r["step_time"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))[1:]]
     med = {k: statistics.median(v) for k, v in times.items()}
     return dict(step_time_s=med, ratio=med["deep"] / med["toy"], note="train.py steps 1-5 of two 6-step runs each, "
-                "alternated, one thread, no evaluation, fidelity or dumps (the grid's other flags)")
+                "alternated, one thread, from a random init (no warm-up), no evaluation, fidelity or dumps (the "
+                "grid's other flags)")
 
 
 DEMO_STEPS, DEMO_SEEDS, DEMO_TASKS = 300, (0, 1), ("walk:64", "cipher:32-32")
@@ -274,7 +285,7 @@ def main(args, t0: float) -> dict:
                 warmup_cap=design.WARMUP_CAP, common=design.COMMON, seeds=seeds,
                 measure=dict(prompts=design.MEASURE_PROMPTS, samples=design.MEASURE_SAMPLES, seed=design.MEASURE_SEED))
     data = dict(design=plan, paper=design.PAPER, table=table, paper_matched=paper, token_matched=token_matched,
-                depth=depth, deep_shapes=deep_shapes(), walk=walk, walk_demo=demo, pilot=pilot, timing=timed,
-                starts=starts, complete=all(x not in args.skip for x in ("depth", "after", "pilot", "walk")))
+                depth=depth, deep_shapes=deep_shapes(), deep_warmup=deep_warmup(res, depth), walk=walk,
+                walk_demo=demo, pilot=pilot, timing=timed, starts=starts, complete=all(x not in args.skip for x in ("depth", "after", "pilot", "walk")))
     report.write_regime(out, data, t0)
     return data

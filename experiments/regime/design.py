@@ -86,6 +86,13 @@ DEEP_BUDGET_CORE_H = 8.0  # the deep cell's 16 runs
 DEEP_STEPS_TEXT = ("the deep cell runs the grid's steps, or fewer when 16 runs of them would exceed 8 core-hours at "
                    "the deep preset's measured step time (regime.json timing; the grid's evaluations and fidelity "
                    "add about a tenth, counted): then the most steps, a multiple of 50, that fit")
+# Added 2026-12-06 04:15, after the depth rule's 24-layer warm-ups hit the 400-step cap below the start target (sampled
+# probe reward 0.17 and 0.08) and before any deep RL run or any grid run: a deep cell that cannot start matched, or
+# cannot run long enough to climb, would spend its budget on runs that cannot fall.
+DEEP_MIN_STEPS = 200
+DEEP_RUN_TEXT = ("the deep cell runs only when its start-matched warm-up reached the target on both depth-rule seeds "
+                 f"and at least {DEEP_MIN_STEPS} steps fit the budget; otherwise tier 2 goes on without it and the "
+                 "report says why")
 
 # ------------------------------------------------------------------------------------------- rule and tests
 RULE_TEXT = ("sustained collapse (experiments.staleness's rule, unchanged) = first step where held-out accuracy <= "

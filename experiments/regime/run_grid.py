@@ -37,6 +37,22 @@ def deep_steps(cal: dict, steps: int) -> int:
     return min(steps, fit)
 
 
+def deep_runs(cal: dict) -> tuple[bool, str]:
+    """DEEP_RUN_TEXT: (run the deep cell?, why)."""
+    d = cal["depth"]
+    if not d.get("decided"):
+        return False, "the depth rule is undecided"
+    warm = [cal.get("deep_warmup", {}).get(str(s)) for s in design.DEPTH_SEEDS]
+    if not all(w and w.get("reached") for w in warm):
+        return False, (f"its start-matched warm-up did not reach {design.WARMUP_UNTIL} within {design.WARMUP_CAP} "
+                       f"steps on seeds {list(design.DEPTH_SEEDS)} (probe rewards "
+                       f"{[None if not w else round(w['probe_reward'], 3) for w in warm]})")
+    steps = deep_steps(cal, cal["pilot"]["steps"])
+    if steps < design.DEEP_MIN_STEPS:
+        return False, f"only {steps} steps fit the {design.DEEP_BUDGET_CORE_H:g} core-hour budget"
+    return True, f"{steps} steps"
+
+
 def walk_length(cal: dict) -> int | None:
     """The walk length rule (design.WALK_LENGTHS): the shortest T whose S reaches 3, else None (tier 3 not run)."""
     for T, w in sorted((int(k), v) for k, v in (cal.get("walk") or {}).items()):
@@ -47,7 +63,7 @@ def walk_length(cal: dict) -> int | None:
 
 def plan(args, cal: dict) -> list[tuple]:
     steps, paper, walk_T = cal["pilot"]["steps"], cal["paper_matched"], walk_length(cal)
-    tiers = design.tier_cells(paper, deep=bool(cal["depth"]["decided"]), walk=walk_T is not None)
+    tiers = design.tier_cells(paper, deep=deep_runs(cal)[0], walk=walk_T is not None)
     out = []
     for tier in sorted(args.tiers):
         for s in args.seeds:
@@ -112,7 +128,8 @@ def main(args, t0: float) -> dict:
     surv = survival(cells, cal["pilot"]["steps"])
     data = dict(rule=design.RULE_TEXT, tests_text=design.TESTS_TEXT, selection_text=design.SELECTION_TEXT,
                 predictions=design.PREDICTIONS, common=design.COMMON, steps=cal["pilot"]["steps"],
-                deep_steps=deep_steps(cal, cal["pilot"]["steps"]), seeds=list(args.seeds), tiers=args.tiers,
+                deep_steps=deep_steps(cal, cal["pilot"]["steps"]), deep=dict(zip(("run", "why"), deep_runs(cal))),
+                seeds=list(args.seeds), tiers=args.tiers,
                 complete=complete, paper_matched=cal["paper_matched"],
                 settings={p: dict(points=design.POSITIONS.get(p), **{k: cal["table"][p]["start"][k]["mean"] for k in
                                                                   ("router_flip_rate", "token_flip_rate", "exposure")})
@@ -131,7 +148,8 @@ def report_md(d: dict) -> str:
     total = len(d["cells"]) * len(d["seeds"])
     status = "complete" if done == total else f"**partial: {done} of {total} runs finished**"
     parts = [f"# The regime grid ({status})", f"Rule (fixed before any run): {d['rule']}.",
-             f"Every run: `{d['common']}` with its cell's flags; {d['steps']} steps (deep: {d['deep_steps']}); seeds "
+             f"Every run: `{d['common']}` with its cell's flags; {d['steps']} steps (the deep cell: "
+             f"{d['deep']['why'] if d['deep']['run'] else 'not run, ' + d['deep']['why']}); seeds "
              f"{d['seeds']}; tiers {d['tiers']}; paper-matched position {d['paper_matched']}.",
              "| cell | routers / tokens flipped (start) | collapsed | best / final held-out (mean) | held-out area | "
              "max drawdown (mean) | median max grad norm | mean kl | kl trend (mean) |\n" + "|---" * 9 + "|"]
