@@ -61,6 +61,12 @@ PRESETS = {
     "qwen3-ratio": ModelConfig(hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
                                head_dim=16, moe_intermediate_size=16, num_experts=64, num_experts_per_tok=8,
                                norm_topk_prob=True),
+    # Qwen3-30B-A3B's routing (8 of 128 experts, norm_topk_prob) at toy width, 48 layers as the real model has: the
+    # depth rule of experiments/regime (the shallowest of 6, 12, 24, 48 at which an fp8-router engine flips >= 90 %
+    # of tokens at the start of RL; none of 6, 12, 24 did, results/regime/regime.md). Deep and thin: it learns slowly.
+    "qwen3-routing": ModelConfig(hidden_size=64, num_hidden_layers=48, num_attention_heads=4, num_key_value_heads=2,
+                                 head_dim=16, moe_intermediate_size=16, num_experts=128, num_experts_per_tok=8,
+                                 norm_topk_prob=True),
 }
 
 
