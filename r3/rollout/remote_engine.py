@@ -99,7 +99,8 @@ class RemoteEngine:
                 size = sum(e.stat().st_size for e in os.scandir(self.weights_path))
                 self.last_sync = dict(bytes=size, write_s=t1 - t0, load_s=t2 - t1, check_s=time.perf_counter() - t2,
                                       check_tokens=sum(v["tokens"] for v in self.last_check),
-                                      check_gap=max(v["gap"] for v in self.last_check))
+                                      check_gap=max(v["gap"] for v in self.last_check),
+                                      check_max_gap=max(v["max_gap"] for v in self.last_check))
                 self._judge(self.last_check, str(self.syncs + 1))
             except Exception as e:  # noqa: BLE001 -- re-raised below, on every rank
                 if not is_distributed():

@@ -13,11 +13,13 @@ expert weights on a reload; docs/servers.md, "The CPU reload bug").
              model is (a router near a tie flips), from 1e-3 for a small random init to 0.4 for a random std-0.3 one.
   gap        the mean |server - reference| over the probe's scored positions (the max is reported beside it).
              A server passes when gap <= FLOOR + SCALE x noise of its precision (TOLERANCE).
-Tolerances, measured on this project's CPU (docs/servers.md, "The post-sync weight check"; results/servers/):
-  fp32  (1e-5, 0): the stand-in and vLLM 0.32 --dtype float32 land within 1e-6 (mean; max 5e-7 for vLLM); the CPU
-        reload bug shifts the mean by 5e-3 to 1 (larger on sharper models).
-  bf16  (1e-3, 3): a healthy engine's gap is about its noise (ratio 0.6-1.5 measured: the stand-in over 22 toy models,
-        vLLM --dtype bfloat16 on the served toy); misread experts give 4x to 100x their noise.
+Tolerances (FLOOR, SCALE), measured on this project's CPU (results/servers/sync_check.md on the stand-in over 23
+toy models; results/servers/vllm_cpu.md on vLLM 0.32 over the served toy and random inits):
+  fp32  (1e-5, 0): healthy engines land at 1e-7 to 5e-7 mean (vLLM: max 2e-6 on the served toy), up to 5e-6 on
+        chaotic random inits (std 0.3); the CPU reload bug shifts the mean by 1e-2 (a flat random init) to 2.
+  bf16  (1e-3, 4): a healthy vLLM's gap over the predicted noise was 0.4 to 2.5 (the stand-in's is 1: it computes as
+        the trainer's bf16 forward does); misread experts give 12x to 65x on vLLM, 4x to 50x on the stand-in (the
+        two flat qwen3-ratio inits, at 4x, pass: a 5e-3 shift).
   fp16  bf16's (fp16 rounds less).
 Other precisions (the stand-in's simulated fp8, int4, ...) have no tolerance: the check refuses to judge them unless
 it only warns (`mode="warn"`). It is never off.
@@ -33,7 +35,7 @@ from r3.scale.fsdp import meta_model
 
 PROBE_SEQS, PROBE_LEN, PROBE_SEED = 4, 16, 20_261_206
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-TOLERANCE = {"fp32": (1e-5, 0.0), "bf16": (1e-3, 3.0), "fp16": (1e-3, 3.0)}  # (FLOOR, SCALE) of the mean gap
+TOLERANCE = {"fp32": (1e-5, 0.0), "bf16": (1e-3, 4.0), "fp16": (1e-3, 4.0)}  # (FLOOR, SCALE) of the mean gap
 _NAMES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16",
           "fp16": "fp16", "float16": "fp16", "half": "fp16"}
 MODES = ("error", "warn")

@@ -9,12 +9,13 @@ dependency of r3 (its modules are imported inside the method).
 The bug (docs/servers.md, "The CPU reload bug"): `UnquantizedFusedMoEMethod.process_weights_after_loading` runs the
 CPU kernel's `process_weights_after_loading` (which re-lays each expert matrix out in 16-row blocks for its grouped
 GEMM) only at the first load; a `reload_weights` copies checkpoint-layout weights into storage the kernel reads as
-packed, every call answers 200, and the log-probs are off (2e-2 on a random toy, 0.5 on a trained one). The fix below
-calls vLLM's own `cpu_prepack_moe_weight` on every CPU MoE layer after the reload, in place (the compiled graph keeps
-its storages), so it follows vLLM's layout for any ISA and dtype rather than copying it. Method name, arguments and
-answer: `reload_weights_repacked(weights_path=None)` -> the number of MoE layers re-packed (a string over HTTP).
+packed, every call answers 200, and the log-probs are off (1e-2 mean on a flat random toy, 0.5 on a trained one).
+The fix below calls vLLM's own `cpu_prepack_moe_weight` on every CPU MoE layer after the reload, in place (the
+compiled graph keeps its storages), so it follows vLLM's layout for its ISA and dtype rather than copying it (tested:
+fp32 and bf16, results/servers/vllm_cpu.md). Method name, arguments and answer: `reload_weights_repacked(
+weights_path=None)` -> the number of MoE layers re-packed (a string over HTTP).
 Refused: a layer whose intermediate size vLLM padded at load (not a multiple of the ISA's block; the toy's 64 is not).
-Left out: the zentorch path (no pre-pack there), GPU workers (no bug there; use plain `reload_weights`).
+Left out: the zentorch path (no pre-pack there), GPU workers (no bug there seen; use plain `reload_weights`).
 """
 import torch
 
