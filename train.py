@@ -78,8 +78,8 @@ def main(argv=None):
         dump(run, rollouts, step)
         fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
         mini_steps = update(run, rollouts, olds, step, measure)
-        sync_engine(run.model, run.engine, run.plain)
-        m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid)
+        sync_engine(run.model, run.engine, run.plain)  # a server engine checks what it serves after the load
+        m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine))
         stopped_on = log_guard_checkpoint(run, m, step, t0, bar)
         if stopped_on:
             break
@@ -257,6 +257,12 @@ def step_metrics(run: Run, rollouts: list[Rollout], olds: list[OldPolicy], mini_
                 **{"staleness/router_flip_rate": sum(stale) / len(stale) if stale else None})
 
 
+def sync_metrics(engine) -> dict:
+    """A server engine's last weight sync: sync/bytes, write_s, load_s, check_s (the post-sync weight check),
+    check_tokens (the probe's, all servers), check_gap (the largest server's mean gap); {} in process."""
+    return {f"sync/{k}": v for k, v in (getattr(engine, "last_sync", None) or {}).items()}
+
+
 def row_metrics(r: Rollout, eos: torch.Tensor, max_new: int) -> dict:
     b = r.batch
     lengths = b.response_mask.sum(1).float()
@@ -372,6 +378,8 @@ def validate(run: Run, step: int) -> float | None:
     b = run.engine.generate([e.prompt for e in run.val_examples], max_new_tokens=run.max_new, eos_ids=run.eos_ids,
                             pad_id=run.pad_id, group_size=2, temperature=cfg.temperature, top_p=cfg.top_p,
                             generator=g)
+    if b.routes is None:  # a server that sends no routes: nothing to replay
+        return None
     kw = dict(temperature=cfg.temperature, chunk=run.chunk, groups=groups(run, b))
     normal = token_logp(model, b.tokens, b.attn_mask, None, **kw).logp
     replay = token_logp(model, b.tokens, b.attn_mask, b.routes, **kw).logp

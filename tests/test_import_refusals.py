@@ -2,8 +2,9 @@
 refuses, where the data enters and naming the field, row and position, everything a saved rollout folder would refuse:
 NaN or positive log-probs, log-prob entries for other tokens than output_ids, token ids outside the vocabulary, NaN
 rewards, a None response, a None vLLM log-prob entry (one line naming its position), prev-routes of the wrong layer
-count, a meta.temperature string; a list where a tensor belongs is either taken as the same ids or refused by name; and
-the in-memory and on-disk checks give the same message."""
+count, a meta.temperature string; a list where a tensor belongs is either taken as the same ids or refused by name;
+samples without routes make a batch without routes, but not mixed with samples that have them; and the in-memory and
+on-disk checks give the same message."""
 import base64
 import math
 import sys
@@ -104,8 +105,11 @@ def test_routes_given_as_a_list_are_the_same_ids_and_other_types_are_named():
     as_list = batch_from_samples([sample(routes=routes(5).tolist())], CFG, pad_id=15)
     as_tensor = batch_from_samples([sample()], CFG, pad_id=15)
     assert torch.equal(as_list.routes, as_tensor.routes)
-    with pytest.raises(RoutesError, match="sample 0: routes is None"):
-        batch_from_samples([sample(routes=None)], CFG, pad_id=15)
+    # None: the engine sent no routes (a server without --enable-return-routed-experts): a batch without routes, which
+    # R3 refuses (check_batch_model), unless only some samples lack them
+    assert batch_from_samples([sample(routes=None)] * 2, CFG, pad_id=15).routes is None
+    with pytest.raises(InputError, match="sample 1 has no routes but others have: 1 of 2 without"):
+        batch_from_samples([sample(), sample(routes=None)], CFG, pad_id=15)
     with pytest.raises(RoutesError, match="sample 0: routes: a str"):
         batch_from_samples([sample(routes="0,1")], CFG, pad_id=15)
 

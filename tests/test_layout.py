@@ -12,7 +12,7 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WINGS = ("model", "runs", "scale", "tasks", "rollout", "train", "tools")  # bottom to top, as r3/__init__.py says
 ENTRY_POINTS = ("check", "inspect", "plots", "serve")  # r3/NAME.py: `python -m r3.NAME`, no code
-STUDIES = ("collapse", "staleness", "length", "mismatch", "speed", "regime")
+STUDIES = ("collapse", "staleness", "length", "mismatch", "speed", "regime", "servers")
 
 
 def r3_imports(path: str) -> set[str]:

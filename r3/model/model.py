@@ -67,6 +67,9 @@ PRESETS = {
     "qwen3-routing": ModelConfig(hidden_size=64, num_hidden_layers=48, num_attention_heads=4, num_key_value_heads=2,
                                  head_dim=16, moe_intermediate_size=16, num_experts=128, num_experts_per_tok=8,
                                  norm_topk_prob=True),
+    # the toy at head_dim 32, which real engines' CPU attention serves (vLLM 0.32: head sizes 32, 64, 80, ...; the
+    # toy's 16 starts and dies at the first request): what `python -m r3.tools.export` writes for a real server
+    "toy-serve": ModelConfig(head_dim=32),
 }
 
 

@@ -5,7 +5,7 @@ Layout (one row per sampled response; prompts left-padded, responses right-padde
   attn_mask     [B, T]         bool   real tokens (False = padding)
   response_mask [B, T]         bool   response tokens (the EOS included)
   rollout_logp  [B, T-1]       f32    engine log-prob of tokens[:, p+1] at position p (0 off the response)
-  routes        [B, T-1, L, K] int    experts the engine used for input position p (None for a dense model)
+  routes        [B, T-1, L, K] int    experts the engine used for input position p (None: dense, or a server sent none)
   rewards       [B]            f32    task reward per response
   group         [B]            long   which prompt a row came from (GRPO groups)
 
@@ -331,6 +331,10 @@ def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: d
         raise InputError(f"batch_from_samples needs a non-empty list of EngineSample, got {samples!r:.80}")
     samples = [_checked_sample(s, cfg, f"batch_from_samples: sample {i}") for i, s in enumerate(samples)]
     B, K = len(samples), cfg.num_experts_per_tok
+    missing_routes = [i for i, s in enumerate(samples) if s.routes is None]
+    if 0 < len(missing_routes) < B:
+        raise InputError(f"batch_from_samples: sample {missing_routes[0]} has no routes but others have: "
+                         f"{len(missing_routes)} of {B} without (one server without --enable-return-routed-experts?)")
     Lp, N = max(len(s.prompt_ids) for s in samples), max(len(s.output_ids) for s in samples)
     T = Lp + N
     tokens = torch.full((B, T), pad_id, dtype=torch.long)
@@ -348,7 +352,8 @@ def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: d
         tokens[i, o:Lp + n] = torch.tensor(s.prompt_ids + s.output_ids)
         attn[i, o:Lp + n] = True
         resp[i, Lp:Lp + n] = True
-        routes[i, o:o + p + n - 1] = s.routes
+        if s.routes is not None:
+            routes[i, o:o + p + n - 1] = s.routes
         if s.output_logp is None:
             missing.append(i)
         elif len(s.output_logp) != n:
@@ -359,11 +364,11 @@ def batch_from_samples(samples: list[EngineSample], cfg, *, pad_id: int, meta: d
         raise InputError(f"batch_from_samples: meta is {type(meta).__name__}, expected a dict")
     meta = dict(meta or {}, prompt_len=Lp, num_experts=cfg.num_experts, rollout_logp_missing=missing)
     b = Batch(tokens=tokens, attn_mask=attn, response_mask=resp, rollout_logp=logp,
-              routes=routes.to(routes_dtype(cfg.num_experts)),
+              routes=None if missing_routes else routes.to(routes_dtype(cfg.num_experts)),
               rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
               group=torch.tensor([s.group for s in samples], dtype=torch.long), meta=meta)
     check_batch_fields(b, "batch_from_samples")
-    check_batch_model(b, cfg, "batch_from_samples", require_routes=True)
+    check_batch_model(b, cfg, "batch_from_samples", require_routes=not missing_routes)
     return b
 
 
@@ -386,5 +391,5 @@ def _checked_sample(s, cfg, where: str) -> EngineSample:
         v = getattr(s, name)
         if isinstance(v, bool) or not isinstance(v, typ):
             raise InputError(f"{where}: {name} is {v!r}, expected {'a number' if name == 'reward' else 'an int'}")
-    return EngineSample(prompt, out, routes_shaped(s.routes, cfg, len(prompt) + len(out), where), logp,
-                        float(s.reward), int(s.group))
+    routes = None if s.routes is None else routes_shaped(s.routes, cfg, len(prompt) + len(out), where)
+    return EngineSample(prompt, out, routes, logp, float(s.reward), int(s.group))

@@ -8,11 +8,12 @@ Formats, as found in the engines' sources (search over public code, 2026-11):
           covers [routed_experts_start_len, seqlen - 1). Must be in [0, prompt_tokens]". sgl-project/sglang#31219 adds
           `meta_info["routed_experts_dtype"]` in {int32, uint16, uint8}; absent means int32. sglang-jax uses -1 for
           layers without routed experts (refused here as missing routes).
-  vLLM    combined `CompletionOutput.routed_experts` [P + N - 1, L, K] (vllm/outputs.py; uint8 for <= 256 experts in
-          0.26, verl#7880; the last sampled token is never fed) or split, newer: `RequestOutput.prompt_routed_experts`
-          [P] + `routed_experts` [N - 1] (v1/engine/output_processor.py `split_routed_experts`); the OpenAI server
-          mirrors either. `vllm_routes` tells them apart by shape (P prompt, N output tokens).
+  vLLM    `CompletionOutput.routed_experts` [P + N - 1, L, K] (vllm/outputs.py; uint8 for <= 256 experts, uint16
+          above, in 0.26 (verl#7880) and 0.32; the last sampled token is never fed), on the OpenAI server as base64 of
+          a .npy file (vllm/utils/serial_utils.py `numpy2base64`; tests/test_vllm_wire.py decodes vLLM's own
+          encoder's output). 0.32 has no split `prompt_routed_experts` layout (the client no longer reads one).
 Our Batch keeps routes [B, T-1, L, K] by input position, the same convention, so no final position is invented.
+`require_routes=False` (a run that replays no routes): a payload without routes gives a sample with routes None.
 Slots an engine never fed get the distinct dummy ids 0..K-1, never zeros (K equal zeros is not a valid top-k set:
 a known production bug): batch padding, and the last token of a row shorter than the batch (an input position in
 our layout whose logits score padding). Both lie outside `loss_mask`. `sglang_sample` / `vllm_sample` build an
@@ -36,10 +37,11 @@ _WIRE_DTYPES = {"int32": torch.int32, "uint16": torch.uint16, "uint8": torch.uin
 
 @dataclass
 class EngineSample:
-    """One sampled sequence from an external engine: routes [len(prompt) + len(output) - 1, L, K] by input position."""
+    """One sampled sequence from an external engine: routes [len(prompt) + len(output) - 1, L, K] by input position
+    (None: the engine sent none)."""
     prompt_ids: list[int]
     output_ids: list[int]
-    routes: torch.Tensor
+    routes: torch.Tensor | None
     output_logp: list[float] | None = None
     reward: float = 0.0
     group: int = 0
@@ -150,7 +152,8 @@ def decode_sglang_routes(meta_info: dict, cfg, *, seq_len: int, prev_routes: tor
 
 
 def sglang_sample(prompt_ids: list[int], response: dict, cfg, *, prev_routes: torch.Tensor | None = None,
-                  start_len: int | None = None, reward: float = 0.0, group: int = 0) -> EngineSample:
+                  start_len: int | None = None, reward: float = 0.0, group: int = 0,
+                  require_routes: bool = True) -> EngineSample:
     """One SGLang /generate response (`{"output_ids", "meta_info"}`) for the request's `prompt_ids`. The log-prob
     entries must be for the output tokens, in order, and be log-probabilities."""
     where = "SGLang response"
@@ -181,44 +184,37 @@ def sglang_sample(prompt_ids: list[int], response: dict, cfg, *, prev_routes: to
             raise InputError(f"{where}: meta_info.output_token_logprobs[{i}] is for token {lp[i][1]!r} but "
                              f"output_ids[{i}] is {out[i]} ({len(wrong)} of {len(out)} disagree)")
         logp = check_logps([x[0] for x in lp], f"{where}: meta_info.output_token_logprobs logprob")
-    routes = decode_sglang_routes(meta, cfg, seq_len=len(prompt_ids) + len(out), prev_routes=prev_routes,
-                                  start_len=start_len)
+    routes = None if meta.get("routed_experts") is None and not require_routes else decode_sglang_routes(
+        meta, cfg, seq_len=len(prompt_ids) + len(out), prev_routes=prev_routes, start_len=start_len)
     return EngineSample(prompt_ids, out, routes, logp, reward, group)
 
 
-def vllm_routes(prompt_routes, routes, cfg, *, n_prompt: int, n_output: int, where: str) -> torch.Tensor:
-    """vLLM routes of one sequence (arrays, tensors or nested lists) -> [P + N - 1, L, K] int64: combined
-    (`routes` alone) or split (`prompt_routes` [P] + `routes` [N - 1], empty or None when N = 1), by shape."""
-    P, N, L, K = n_prompt, n_output, cfg.num_hidden_layers, cfg.num_experts_per_tok
-    pr, gen = (None if x is None else torch.as_tensor(x) for x in (prompt_routes, routes))
-    if pr is None and gen is None:
+def vllm_routes(routes, cfg, *, n_prompt: int, n_output: int, where: str, required: bool = True):
+    """vLLM routes of one sequence (an array, a tensor or nested lists) -> [P + N - 1, L, K] int64, checked; None
+    when the engine sent none and they are not `required`."""
+    if routes is None:
+        if not required:
+            return None
         raise RoutesError(f"{where} is None: start vLLM with --enable-return-routed-experts (offline: "
                           f"enable_return_routed_experts=True)")
-    for name, t in (("prompt_routed_experts", pr), ("routed_experts", gen)):
-        if t is not None and t.numel() and (t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() != 3):
-            raise RoutesError(f"{where}: {name} must be an integer array [tokens, layers, k], got {t.dtype} "
-                              f"{tuple(t.shape)}")
-    rows = [None if t is None else t.shape[0] if t.numel() else 0 for t in (pr, gen)]
-    if rows[0] is None and rows[1] == P + N - 1:
-        return fit_routes(gen.long(), cfg, P + N, where)
-    if rows[0] == P and (rows[1] or 0) == N - 1:
-        parts = [t.long().reshape(-1, L, K) for t in (pr, gen) if t is not None and t.numel()]
-        return fit_routes(torch.cat(parts) if parts else torch.zeros(0, L, K, dtype=torch.long), cfg, P + N, where)
-    shapes = [None if t is None else list(t.shape) for t in (pr, gen)]
-    raise RoutesError(f"{where}: got prompt_routed_experts {shapes[0]} + routed_experts {shapes[1]} for a {P}-token "
-                      f"prompt and {N} output tokens; need either routed_experts [{P + N - 1}, L, K] alone "
-                      f"(combined) or prompt_routed_experts [{P}, L, K] + routed_experts [{N - 1}, L, K] (split)")
+    P, N, t = n_prompt, n_output, torch.as_tensor(routes)
+    if t.numel() and (t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() != 3):
+        raise RoutesError(f"{where}: routed_experts must be an integer array [tokens, layers, k], got {t.dtype} "
+                          f"{tuple(t.shape)}")
+    if t.dim() != 3 or t.shape[0] != P + N - 1:
+        raise RoutesError(f"{where}: routed_experts {list(t.shape)} for a {P}-token prompt and {N} output tokens; "
+                          f"need [{P + N - 1}, L, K] (every fed position: prompt and output, not the last token)")
+    return fit_routes(t.long(), cfg, P + N, where)
 
 
-def vllm_sample(prompt_ids: list[int], completion, cfg, *, prompt_routes=None, reward: float = 0.0,
-                group: int = 0) -> EngineSample:
-    """One vLLM `CompletionOutput` for `prompt_ids`; `prompt_routes`: its request's `prompt_routed_experts`."""
+def vllm_sample(prompt_ids: list[int], completion, cfg, *, reward: float = 0.0, group: int = 0) -> EngineSample:
+    """One vLLM `CompletionOutput` for `prompt_ids`."""
     if getattr(completion, "token_ids", None) is None:
         raise InputError(f"vLLM completion is {type(completion).__name__} without token_ids, expected a "
                          f"CompletionOutput")
     prompt_ids = token_ids(prompt_ids, "prompt_ids")
     out = token_ids(completion.token_ids, "vLLM CompletionOutput.token_ids")
-    routes = vllm_routes(prompt_routes, getattr(completion, "routed_experts", None), cfg, n_prompt=len(prompt_ids),
+    routes = vllm_routes(getattr(completion, "routed_experts", None), cfg, n_prompt=len(prompt_ids),
                          n_output=len(out), where="vLLM CompletionOutput.routed_experts")
     logp = None
     if getattr(completion, "logprobs", None):  # one {token_id: Logprob} dict per output token

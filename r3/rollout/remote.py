@@ -11,8 +11,9 @@ The client, split by concern:
   r3/rollout/remote_engine.py   what both engines share: several servers, chunked requests, seeds, weight sync, checks
   r3/rollout/remote_sglang.py   SGLang's /generate, /update_weights_from_disk, /abort_request, /get_server_info
   r3/rollout/remote_vllm.py     vLLM's /v1/completions and the dev-mode reload (VLLM_SERVER_DEV_MODE=1)
-How to launch the servers, and the flags each needs: docs/servers.md. No batch is returned without routes and
-engine log-probs, so no step trains without replay.
+How to launch the servers, and the flags each needs: docs/servers.md. No batch is returned without engine
+log-probs, nor without routes when the engine requires them (R3: `require_routes`, the default), so no R3 step trains
+without replay. After every weight sync each server's weights are checked (r3/rollout/sync_check.py).
 Left out: streaming, text prompts, multi-turn `routed_experts_start_len`, NCCL weight sync
 (update_weights_from_distributed / tensor).
 """
@@ -40,8 +41,8 @@ def parse_engine(spec: str) -> tuple[str, list[str]]:
 
 def make_engine(spec: str, cfg, *, wait_ready: bool = True, **kw) -> RemoteEngine:
     """An engine for a model with config `cfg` from 'KIND:URL[,URL...]'; waits for every server by default.
-    Keywords go to the engine: weights_dir, weights_dtype, timeout, wait, retries, groups_per_request, inflight
-    (vLLM: model_name)."""
+    Keywords go to the engine: weights_dir, weights_dtype, timeout, wait, retries, groups_per_request, inflight,
+    sync_check, require_routes (vLLM: model_name, reload_method)."""
     kind, urls = parse_engine(spec)
     engine = ENGINES[kind](urls, cfg, **kw)
     if wait_ready:

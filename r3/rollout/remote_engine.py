@@ -11,8 +11,14 @@ server can read: local disk on one node, a shared filesystem across nodes), then
 concurrently, and checks each reply, and the weight version the server reports where it reports one. Every sample
 that carries a weight version must carry the one pushed last: a server that missed an update is an error, never a
 silently off-policy step. (A router in front of the servers is not needed, and is not relied on to fan updates out.)
+Then every server scores a fixed probe and the trainer compares (`check_weights`, r3/rollout/sync_check.py): a server
+that answered the load but serves other weights stops the run with one error naming it and the gap (`sync_check=
+"warn"`: a warning instead). `last_sync` holds what the sync cost: bytes, write, load and check seconds, probe tokens.
 
-Subclasses speak one protocol: `_chunk` (one request's samples), `_load_weights` (one server), `wait_ready`.
+Routes: with `require_routes` (R3 replays them) a sample without routes is refused; without it a server that sends
+none is used, with one warning that route telemetry (router flips) is off.
+Subclasses speak one protocol: `_chunk` (one request's samples), `_load_weights` (one server), `_score` (one
+server's probe log-probs), `wait_ready`.
 Left out: work stealing between servers (the round-robin split is static), NCCL weight transfer.
 """
 import os
@@ -23,6 +29,7 @@ import torch
 
 from r3.rollout.batch import Batch, batch_from_samples
 from r3.rollout.engine_formats import EngineSample
+from r3.rollout.sync_check import MODES, PRECISIONS, describe, precision, probe, read_scores, reference, verdict
 from r3.scale.fsdp import gather_full_state_dict, is_distributed
 from r3.scale.hf import CheckpointError, load_config, save_pretrained
 from r3.runs.io import atomic_write
@@ -42,12 +49,16 @@ class RemoteEngine:
 
     def __init__(self, urls, cfg, *, weights_dir: str | None = None, weights_dtype: torch.dtype = torch.bfloat16,
                  timeout: float = 3600.0, wait: float = 1800.0, retries: int = 3, groups_per_request: int = 4,
-                 inflight: int = 16):
+                 inflight: int = 16, sync_check: str = "error", require_routes: bool = True):
         if cfg.dense:
             raise ValueError("a remote engine returns routes for R3; the model config is dense")
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls or groups_per_request < 1 or inflight < 1:
             raise ValueError("a remote engine needs at least one server URL, groups_per_request >= 1, inflight >= 1")
+        if sync_check not in MODES:
+            raise ValueError(f"sync_check must be one of {MODES} (the check is never off), got {sync_check!r}")
+        self.sync_check, self.require_routes = sync_check, require_routes
+        self.last_check, self.warned_routes = [], False
         quiet = _rank() != 0
         self.servers = [Server(u, timeout=timeout, wait=wait, retries=retries, log=(lambda m: None) if quiet else log)
                         for u in urls]
@@ -83,8 +94,14 @@ class RemoteEngine:
                              lambda tmp: save_pretrained(model, tmp, state_dict=sd, dtype=self.weights_dtype))
                 t1 = time.perf_counter()
                 self._push(self.weights_path, str(self.syncs + 1))
+                t2 = time.perf_counter()
+                self.last_check = self.check_weights(sd)
                 size = sum(e.stat().st_size for e in os.scandir(self.weights_path))
-                self.last_sync = dict(bytes=size, write_s=t1 - t0, load_s=time.perf_counter() - t1)
+                self.last_sync = dict(bytes=size, write_s=t1 - t0, load_s=t2 - t1, check_s=time.perf_counter() - t2,
+                                      check_tokens=sum(v["tokens"] for v in self.last_check),
+                                      check_gap=max(v["gap"] for v in self.last_check),
+                                      check_max_gap=max(v["max_gap"] for v in self.last_check))
+                self._judge(self.last_check, str(self.syncs + 1))
             except Exception as e:  # noqa: BLE001 -- re-raised below, on every rank
                 if not is_distributed():
                     raise
@@ -112,6 +129,46 @@ class RemoteEngine:
                                     f"server(s) did not load {path}: " + " | ".join(failed))
 
     def _load_weights(self, server: Server, path: str, version: str) -> None:
+        raise NotImplementedError
+
+    def check_weights(self, state_dict: dict) -> list[dict]:
+        """Every server scores the probe (concurrently) and is compared with the trainer's reference of
+        `state_dict` (our names, as written) at the server's precision: one verdict per server
+        (r3/rollout/sync_check.py). A server's precision is the dtype it reports, else `weights_dtype`'s."""
+        seqs, refs, out = probe(self.cfg), {}, []
+        with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+            scored = list(pool.map(lambda s: (s, self._score(s, seqs)), self.servers))
+        for server, values in scored:
+            reported = self.server_dtype(server)
+            prec = precision(self.weights_dtype) if reported is None else precision(reported)
+            key = prec if prec in PRECISIONS else precision(self.weights_dtype) or "fp32"
+            if key not in refs:
+                refs[key] = reference(self.cfg, state_dict, key, seqs)
+            try:
+                got = read_scores(values, seqs, f"{server.url}: weight check")
+            except ValueError as e:
+                raise RemoteEngineError(str(e)) from e
+            out.append(verdict(server.url, prec if reported is None or prec else reported, got, *refs[key]))
+        return out
+
+    def _judge(self, verdicts: list[dict], version: str) -> None:
+        bad = [v for v in verdicts if v["ok"] is not True]
+        if not bad:
+            return
+        msg = (f"weight sync (version {version}): {len(bad)} of {len(verdicts)} server(s) do not serve the weights "
+               f"the trainer wrote: " + " | ".join(map(describe, bad)) + ". The server answered the load but serves "
+               "other weights (vLLM 0.32 on CPU: its MoE reload bug, docs/servers.md), or computes at another "
+               "precision than its weights'")
+        if self.sync_check == "error":
+            raise RemoteEngineError(msg + " (--sync-check warn only warns)")
+        self.servers[0].log(f"warning: {msg} (--sync-check warn: the run goes on)")
+
+    def server_dtype(self, server: Server) -> str | None:
+        """The dtype a server reports it computes in, if it reports one (SGLang's /get_server_info)."""
+        return None
+
+    def _score(self, server: Server, seqs: list[list[int]]) -> list[list[float]]:
+        """The server's log p(x_j | x_<j), j >= 1, of each probe sequence, read from its prompt log-probs."""
         raise NotImplementedError
 
     def check_version(self, served, where: str) -> None:
@@ -159,6 +216,10 @@ class RemoteEngine:
             samples = [s for f in futures for s in f.result()]
         finally:  # on a failure, requests not yet sent are dropped (those in flight end within their time-out)
             pool.shutdown(wait=True, cancel_futures=True)
+        if any(s.routes is None for s in samples) and not self.warned_routes:
+            self.warned_routes = True
+            self.servers[0].log(f"warning: {self.kind} at {self.url} sends no routes: route telemetry (router flip "
+                                f"rates) is off; R3 (--r3) would refuse these batches")
         meta = dict(engine=self.kind, server=self.url, rollout_dtype=self.rollout_dtype, group_size=G,
                     temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, weight_syncs=self.syncs,
                     weight_version=self.version, requests=len(starts), generate_s=time.perf_counter() - t0)
@@ -197,7 +258,8 @@ class RemoteEngine:
         except (CheckpointError, OSError, ValueError) as e:
             server.log(f"note: {server.url} serves {model_path}, whose config.json cannot be read here ({e})")
             return False, None
-        keys = ("num_hidden_layers", "num_experts", "num_experts_per_tok", "hidden_size", "vocab_size")
+        keys = ("num_hidden_layers", "num_experts", "num_experts_per_tok", "hidden_size", "vocab_size", "head_dim",
+                "num_attention_heads", "num_key_value_heads", "moe_intermediate_size")
         diff = [f"{k} {getattr(theirs, k)} (trainer: {getattr(self.cfg, k)})" for k in keys
                 if getattr(theirs, k) != getattr(self.cfg, k)]
         if diff:

@@ -18,6 +18,10 @@
             {"weight_version"} must name the version just pushed (skipped where the route does not exist).
   info      GET /get_server_info: the server's arguments (`dtype`, `model_path`, `enable_deterministic_inference`).
             `dtype` "auto" is resolved from the served model's config.json where it is readable here.
+  check     the post-sync weight check's probe: POST /generate {"input_ids": [...], "sampling_params":
+            {"max_new_tokens": 1, "temperature": 0}, "return_logprob": true, "logprob_start_len": 0}; read
+            meta_info.input_token_logprobs, [logprob, id, text] per input token, the first logprob null
+            (scheduler_output_processor_mixin.py: `[None] + input_token_logprobs[:-1]`), ids checked against the probe.
 """
 import json
 import uuid
@@ -32,7 +36,7 @@ class SGLangEngine(RemoteEngine):
 
     def __init__(self, urls, cfg, **kw):
         super().__init__(urls, cfg, **kw)
-        self.info, self._warned = {}, False
+        self.info, self.dtypes, self._warned = {}, {}, False
 
     def wait_ready(self) -> None:
         super().wait_ready()
@@ -56,7 +60,25 @@ class SGLangEngine(RemoteEngine):
         dtype, (readable, config_dtype) = info.get("dtype"), self.served_config(server, info.get("model_path"))
         if dtype == "auto" and readable:
             dtype = resolve_auto_dtype(config_dtype)
-        self.rollout_dtype = dtype if isinstance(dtype, str) else None
+        self.rollout_dtype = self.dtypes[server.url] = dtype if isinstance(dtype, str) else None
+
+    def server_dtype(self, server):
+        return self.dtypes.get(server.url)
+
+    def _score(self, server, seqs):
+        what = f"weight check: input log-probs of {len(seqs)} probe sequences"
+        tag = uuid.uuid4().hex[:12]
+        out = server.call("POST", "/generate", dict(input_ids=seqs, sampling_params=dict(max_new_tokens=1,
+                          temperature=0.0), return_logprob=True, logprob_start_len=0,
+                          rid=[f"r3-check-{tag}_{i}" for i in range(len(seqs))]), what=what)
+        try:
+            rows = [r["meta_info"]["input_token_logprobs"] for r in out]
+            if len(rows) != len(seqs) or any([int(x[1]) for x in r] != s or r[0][0] is not None
+                                             for r, s in zip(rows, seqs)):
+                raise ValueError("input_token_logprobs do not name the probe's tokens, first logprob null")
+            return [[x[0] for x in r[1:]] for r in rows]
+        except (ValueError, TypeError, KeyError, IndexError) as e:
+            raise RemoteEngineError(f"POST {server.url}/generate ({what}): {e}: {str(out)[:200]}") from e
 
     def _load_weights(self, server, path: str, version: str) -> None:
         what = f"model_path={path}, weight_version={version}"
@@ -95,7 +117,7 @@ class SGLangEngine(RemoteEngine):
             try:
                 if not isinstance(r, dict) or not isinstance(r.get("meta_info"), dict):
                     raise ValueError(f"no meta_info in {str(r)[:200]}")
-                s = sglang_sample(p, r, self.cfg, group=first + i // G)
+                s = sglang_sample(p, r, self.cfg, group=first + i // G, require_routes=self.require_routes)
                 lp = r["meta_info"].get("output_token_logprobs")
                 if lp is not None and [int(x[1]) for x in lp] != s.output_ids:
                     raise ValueError("output_token_logprobs name other token ids than output_ids")

@@ -43,7 +43,7 @@ MEANS = {
                    "in the layer index of the capture",
     "position shift": "routes are misaligned with tokens: an engine's [T-1] rows padded at the wrong end, the last "
                       "token given a route, prompt and response routes concatenated with a gap or an overlap "
-                      "(routed_experts_start_len / prompt_routed_experts), or left padding applied to routes twice",
+                      "(routed_experts_start_len), or left padding applied to routes twice",
     "another model": "the routes do not come from this model's routers: another checkpoint, weights not synced to "
                      "the engine, or another expert numbering (expert-parallel permutation not undone)",
     "low agreement": "more flips than precision alone explains: stale engine weights (sync lag), a different "

@@ -3,19 +3,20 @@
     python -m r3.serve --weights-root /tmp/r3-weights
     -> prints one line, "r3.serve ready on http://127.0.0.1:30000", once its port is open
 
-It serves what `python train.py` trains by default: the same task (`--task`, train.py's default), the same preset
-widened to that task's vocabulary and the same cached supervised warm-up (`r3.train.warmup.load_model`, the code path
-train.py takes; started from the same folder, the two share one cache file), so train.py's first weight sync fits.
-A stand-in for SGLang so that the remote R3 loop (r3/rollout/remote*.py) runs end to end on a CPU: the client is written
-against SGLang's payloads; this server implements the subset the client sends, the same way:
+It serves what `python train.py` trains by default (`--task`, the preset widened to its vocabulary, the same cached
+warm-up via `r3.train.warmup.load_model`), so train.py's first weight sync fits. A stand-in for SGLang so that the
+remote R3 loop (r3/rollout/remote*.py) runs end to end on a CPU: it implements the subset of SGLang's payloads the
+client sends, the same way:
   GET  /health                     200 "ok"
   GET  /get_server_info            {"dtype": rollout dtype, "model_path", "weight_version",
                                    "enable_deterministic_inference": true, ...}
   GET  /get_weight_version         {"weight_version"}
   POST /generate                   input_ids (a list, or a list of lists), sampling_params (one dict, or one per entry:
                                    temperature, top_p, max_new_tokens, stop_token_ids, n, sampling_seed), rid,
-                                   return_logprob, return_routed_experts, routed_experts_start_len. A list input gets
-                                   a list of {"text", "output_ids", "meta_info"} back, entry-major (n per entry).
+                                   return_logprob, logprob_start_len (S >= 0: input_token_logprobs too, SGLang's
+                                   [logprob, id, null] for ids[S:], the first null), return_routed_experts,
+                                   routed_experts_start_len. A list input gets a list of {"text", "output_ids",
+                                   "meta_info"} back, entry-major (n per entry).
   POST /abort_request              {"rid"}: recorded (and ends a stalled request, below)
   POST /update_weights_from_disk   {"model_path", "flush_cache", "weight_version"} -> {"success", "message",
                                    "num_paused_requests"}; HTTP 400 with success false when it cannot load them
@@ -25,13 +26,14 @@ Sampling: the entries of one request that share their sampling parameters are ge
 generator seeded by their `sampling_seed`s (unseeded requests: the server's generator, seeded by --seed). The same
 request gets the same samples every time; a sample depends on its whole request (like batch-variant serving), not on
 its seed alone.
-Test-only switches (labelled so in --help): answer 503 to the first N requests (--test-unavailable), and let the
-first /generate requests hang until aborted (--test-stall). Both count requests, not seconds, so a test built on them
-passes however slowly its machine runs. Two servers are two processes.
+Test-only switches (labelled so in --help): answer 503 to the first N requests (--test-unavailable), let the first
+sampling /generate requests hang until aborted (--test-stall), serve misread experts after every weight load while
+answering it with success (--test-corrupt-reload: vLLM 0.32's CPU reload bug, emulated). They count requests, not
+seconds, so a test built on them passes however slowly its machine runs. Two servers are two processes.
 Safety: binds 127.0.0.1 unless told otherwise; loads weights from safetensors only (`r3.scale.hf.load_pretrained`) and
 only from inside --weights-root (symlinks resolved; a --weights-root that does not exist is refused at start;
 without it no path is loaded). Connections are handled on threads; generation and weight loading hold one lock.
-Left out: text prompts and a tokenizer, streaming, top_k / min_p / penalties, logprob_start_len, sessions.
+Left out: text prompts and a tokenizer, streaming, top_k / min_p / penalties, top logprobs, sessions.
 """
 import argparse
 import base64
@@ -69,7 +71,7 @@ class SGLangStandIn:
 
     def __init__(self, model, *, rollout_dtype: str, seed: int, weights_root: str | None, desc: str,
                  routes_dtype: str = "int32", model_path: str | None = None, unavailable: int = 0,
-                 stall: int = 0, stall_max_s: float = 120.0):
+                 stall: int = 0, stall_max_s: float = 120.0, corrupt_reload: bool = False):
         self.engine, self.cfg, self.desc, self.model_path = Engine(model, rollout_dtype), model.cfg, desc, model_path
         self.lock, self.stats_lock = threading.Lock(), threading.Lock()
         self.aborted = threading.Condition(self.stats_lock)  # notified at every /abort_request (ends a stall)
@@ -77,6 +79,7 @@ class SGLangStandIn:
         self.weights_root = None if weights_root is None else os.path.realpath(weights_root)
         self.routes_dtype, self.version, self.last_routes = routes_dtype, "0", []
         self.stall, self.stall_max_s, self.unavailable_left = stall, stall_max_s, unavailable
+        self.corrupt_reload = corrupt_reload
         self.stats = dict(generate_rids=[], aborted=[], weight_versions=[], unavailable_answers=0, samples=0)
 
     def info(self) -> dict:
@@ -139,7 +142,9 @@ class SGLangStandIn:
                                      temperature=temperature, top_p=top_p, generator=g)
         except ValueError as e:
             raise BadRequest(str(e)) from e
-        Lp = max(len(p) for p in prompts)
+        Lp, lp_start = max(len(p) for p in prompts), body.get("logprob_start_len")
+        inputs = [self.input_logprobs(p, lp_start) if body.get("return_logprob") and isinstance(lp_start, int)
+                  and lp_start >= 0 else None for p in prompts]
         outs = [[] for _ in prompts]
         for r in range(len(b)):
             P = len(prompts[r // n])
@@ -147,11 +152,21 @@ class SGLangStandIn:
             k = len(out_ids)
             logp = b.rollout_logp[r, Lp - 1:Lp - 1 + k].tolist()
             routes = b.routes[r, Lp - P:Lp + k - 1].long()  # input positions of the prompt and the fed outputs
-            outs[r // n].append(self._result(P, out_ids, logp, routes, stop, start, body))
+            outs[r // n].append(self._result(P, out_ids, logp, routes, stop, start, body, inputs[r // n]))
         return outs
 
+    @torch.inference_mode()
+    def input_logprobs(self, prompt: list[int], start: int) -> list:
+        """SGLang's input_token_logprobs ([None] + ...: the first null), log p(x_j | x_<j) by the engine's forward."""
+        if not 0 <= start < len(prompt):
+            raise BadRequest(f"logprob_start_len={start} must be in [0, {len(prompt) - 1}] (the prompt length - 1)")
+        ids = torch.tensor([prompt])
+        logits, _ = self.engine.model(ids)
+        lp = logits[0, :-1].float().log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+        return [[None, prompt[start], None]] + [[lp[j - 1], prompt[j], None] for j in range(start + 1, len(prompt))]
+
     def _result(self, P: int, out_ids: list[int], logp: list[float], routes: torch.Tensor, stop, start: int,
-                body: dict):
+                body: dict, inputs: list | None):
         n = len(out_ids)
         done = out_ids[-1] in stop
         meta = dict(id=uuid.uuid4().hex, prompt_tokens=P, completion_tokens=n, cached_tokens=0,
@@ -159,6 +174,8 @@ class SGLangStandIn:
                     finish_reason=dict(type="stop", matched=out_ids[-1]) if done else dict(type="length", length=n))
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(logp, out_ids)]
+        if inputs is not None:
+            meta["input_token_logprobs"] = inputs
         if body.get("return_routed_experts"):
             wire = routes[start:].to(WIRE_DTYPES[self.routes_dtype]).contiguous()
             meta["routed_experts"] = base64.b64encode(wire.view(torch.uint8).numpy().tobytes()).decode()
@@ -170,11 +187,11 @@ class SGLangStandIn:
 
     # ---- aborts and the test-only stall ---------------------------------------------------------------------------
     def record(self, body: dict) -> bool:
-        """Record a /generate's rids; True if it is one of the first --test-stall requests (it must hang)."""
+        """Record a /generate's rids; True for the first --test-stall sampling ones (they hang; scoring ones never)."""
         rid = body.get("rid")
         with self.stats_lock:
             self.stats["generate_rids"].append(rid if isinstance(rid, list) else [rid])
-            stall = self.stall > 0
+            stall = self.stall > 0 and body.get("logprob_start_len") in (None, -1)
             self.stall -= stall
         return stall
 
@@ -213,6 +230,8 @@ class SGLangStandIn:
             return fail(f"cannot load {path!r}: {e}")
         if model.cfg != self.cfg:
             return fail(f"{path!r} holds another architecture ({model.cfg}) than the one served ({self.cfg})")
+        if self.corrupt_reload:
+            misread_experts(model)
         with self.lock:
             self.engine.sync(model)
             self.version = str(body.get("weight_version") or int(self.version) + 1)
@@ -220,6 +239,15 @@ class SGLangStandIn:
         with self.stats_lock:
             self.stats["weight_versions"].append(self.version)
         return 200, dict(success=True, message="Succeeded to update model weights.", num_paused_requests=0)
+
+
+@torch.no_grad()
+def misread_experts(model) -> None:
+    """--test-corrupt-reload: each expert matrix misread as vLLM 0.32's CPU kernel reads a reload it did not re-pack."""
+    for name, p in model.named_parameters():
+        if name.endswith(("gate_proj", "up_proj", "down_proj")) and p.dim() == 3:
+            w, (E, N, K) = p.clone(), p.shape
+            p.copy_(w.reshape(E, N // 16, K, 16).transpose(2, 3).reshape(E, N, K) if N % 16 == 0 else w.flip(1))
 
 
 def _params(s: dict) -> tuple:
@@ -305,7 +333,8 @@ def build(args) -> SGLangStandIn:
         path = None
     return SGLangStandIn(model.float().eval(), rollout_dtype=args.rollout_dtype, seed=args.seed,
                          weights_root=args.weights_root, desc=desc, routes_dtype=args.routes_dtype, model_path=path,
-                         unavailable=args.test_unavailable, stall=args.test_stall, stall_max_s=args.test_stall_max)
+                         unavailable=args.test_unavailable, stall=args.test_stall, stall_max_s=args.test_stall_max,
+                         corrupt_reload=args.test_corrupt_reload)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -330,9 +359,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--test-unavailable", type=int, default=0, metavar="N",
                    help="answer HTTP 503 to the first N requests after the port opens, as a loading server")
     t.add_argument("--test-stall", type=int, default=0, metavar="N",
-                   help="the first N /generate requests hang until /abort_request names one of their rids")
+                   help="the first N sampling /generate requests hang until /abort_request names a rid of theirs")
     t.add_argument("--test-stall-max", type=float, default=120.0, metavar="SECONDS",
                    help="a hung request that is never aborted is answered after SECONDS")
+    t.add_argument("--test-corrupt-reload", action="store_true",
+                   help="serve every loaded checkpoint's experts misread, answering success (vLLM 0.32's CPU bug)")
     return ap
 
 

@@ -170,6 +170,14 @@ class TrainConfig(SamplingConfig):
     engine_timeout: float = flag(3600.0, "with a server engine: seconds per request; then the request is aborted "
                                          "on the server (SGLang /abort_request) and sent again, up to 3 retries",
                                  domain=POSITIVE)
+    sync_check: str = flag("error", "with a server engine: after every weight sync each server scores a fixed "
+                                    "probe and the trainer compares with its own log-probs at the server's precision "
+                                    "(r3/rollout/sync_check.py); a server over the tolerance stops the run (error) or "
+                                    "is reported (warn). The check is never off", choices=["error", "warn"])
+    vllm_reload_method: str = flag("reload_weights", "with a vLLM engine: the worker method /collective_rpc calls "
+                                                     "to load each sync; reload_weights_repacked with r3's CPU worker "
+                                                     "extension (r3/rollout/vllm_cpu_reload.py: vLLM 0.32's CPU "
+                                                     "reload bug; docs/servers.md)")
     rollouts: str | None = flag(None, "train on rollouts read from this folder (rollout.py output, or converted "
                                       "SGLang/vLLM responses; one batch folder per step, cycled) instead of "
                                       "generating them; with --r3 every sample must carry routes that fit the model")
@@ -232,6 +240,11 @@ class TrainConfig(SamplingConfig):
         if self.router_levels is not None and (self.engine != "local" or self.rollouts):
             raise ValueError("--router-levels sets the in-process engine's router; a server engine or --rollouts "
                              "samples with numerics this run does not set")
+        if self.vllm_reload_method != "reload_weights" and not self.engine.startswith("vllm:"):
+            raise ValueError("--vllm-reload-method applies to --engine vllm:URL")
+        if self.sync_check != "error" and self.engine == "local":
+            raise ValueError("--sync-check checks what a server engine serves; the in-process engine is synced in "
+                             "memory")
         if self.engine != "local" and (self.rollouts or self.dense):
             raise ValueError("--engine samples with a server: drop --rollouts / --dense (a server engine returns "
                              "routes for an MoE)")

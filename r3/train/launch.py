@@ -87,9 +87,11 @@ def make_rollout_engine(cfg: TrainConfig, model):
     """The in-process engine (a cast copy of `model`), or a client of an SGLang / vLLM server (`--engine`)."""
     if cfg.engine == "local":
         return Engine(model, cfg.rollout_dtype, router_levels=cfg.router_levels)
+    extra = dict(reload_method=cfg.vllm_reload_method) if cfg.engine.startswith("vllm:") else {}
     return make_engine(cfg.engine, model.cfg, wait=cfg.engine_wait, timeout=cfg.engine_timeout,
                        weights_dir=cfg.weights_dir or os.path.join(cfg.out_dir(), "engine_weights"),
-                       weights_dtype=torch.float32 if cfg.rollout_dtype == "fp32" else torch.bfloat16)
+                       weights_dtype=torch.float32 if cfg.rollout_dtype == "fp32" else torch.bfloat16,
+                       sync_check=cfg.sync_check, require_routes=cfg.replay == "r3", **extra)
 
 
 def read_disk_rollouts(cfg: TrainConfig, p: Policy, num_shards: int, lead: bool) -> list | None:
