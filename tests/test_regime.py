@@ -81,6 +81,9 @@ def test_depth_rule_takes_the_shallowest_depth_that_passes():
     assert depth_rule(res) == dict(depth=24, measured={6: 0.6, 12: 0.88, 24: 0.93}, decided=True)
     del res["depth-24-s1"]
     assert depth_rule(res)["decided"] is False
+    res["depth-24-s1"] = {"token_flip_rate": 0.5}
+    res["depth-24-s0"] = {"token_flip_rate": 0.5}  # every shallower depth failed: the fallback, measured or not
+    assert depth_rule(res) == dict(depth=48, measured={6: 0.6, 12: 0.88, 24: 0.5}, decided=True)
 
 
 def test_steps_rule():
@@ -132,11 +135,13 @@ def test_grid_report_and_figures_from_finished_runs(tmp_path):
     start = {p: {"start": {k: {"mean": v} for k, v in (("router_flip_rate", 0.03 + 0.1 * i),
                                                         ("token_flip_rate", 0.1 + 0.2 * i), ("exposure", 0.1 * i))}}
              for i, p in enumerate([*design.POSITIONS, "oracle"])}
-    cal = dict(table=start, paper_matched="lv15", pilot=dict(steps=600), depth=dict(decided=True),
+    cal = dict(table=start, paper_matched="lv15", pilot=dict(steps=600), depth=dict(decided=True, depth=48),
                timing=dict(step_time_s=dict(deep=4.0)), walk={"64": {"exposure": {"mean": 0.4}}})
     assert deep_steps(cal, 600) == 400 and walk_length(cal) is None  # 8 h / (16 runs x 4 s x 1.1) = 409 steps
+    assert deep_runs(cal) == (False, "its start-matched warm-ups at 48 layers are not measured yet")
+    cal["deep_warmup"] = {"0": dict(reached=False, probe_reward=0.17)}
     assert deep_runs(cal) == (False, "its start-matched warm-up did not reach 0.3 within 400 steps on seeds [0, 1] "
-                                     "(probe rewards [None, None])")
+                                     "(probe rewards [0.17, None])")
     cal["deep_warmup"] = {"0": dict(reached=True, probe_reward=0.31), "1": dict(reached=True, probe_reward=0.33)}
     assert deep_runs(cal) == (True, "400 steps")
     cal["timing"]["step_time_s"]["deep"] = 12.0

@@ -118,12 +118,15 @@ def closest(table: dict, quantity: str, target: float) -> str:
 
 
 def depth_rule(results: dict) -> dict:
-    """DEPTH_TEXT on the depth measurements made so far: {depth, measured: {L: mean token flips}, decided}."""
+    """DEPTH_TEXT on the depth measurements made so far: {depth, measured: {L: mean token flips}, decided}. The
+    deepest depth is decided without its own measurement (the rule takes it whether or not it passes); `measured`
+    then lacks it."""
     measured = {}
     for L in design.DEPTHS:
         flips = [results.get(f"depth-{L}-s{s}", {}).get("token_flip_rate") for s in design.DEPTH_SEEDS]
-        if None in flips:
-            return dict(depth=None, measured=measured, decided=False)
+        if None in flips:  # the deepest is the fallback: once every shallower depth failed, the outcome is known
+            last = L == design.DEPTHS[-1]
+            return dict(depth=L if last else None, measured=measured, decided=last)
         measured[L] = statistics.fmean(flips)
         if measured[L] >= design.DEPTH_TOKEN_FLIPS:
             return dict(depth=L, measured=measured, decided=True)
@@ -191,6 +194,7 @@ def timing(args) -> dict:
                 out, flags, _ = cell_run(f"{setting}/none/n4", 0, tmp, 6)
                 i = flags.index("--warmup-until")  # random init: a 48-layer warm-up takes most of an hour
                 flags = set_flag(flags[:i] + flags[i + 2:], "--warmup-steps", "0")
+                flags = [f for f in flags if f != "--eval-trainer"]  # no evaluation in a timing run
                 out = f"{out}-{rep}"
                 subprocess.run([sys.executable, os.path.join(calibrate_root(), "train.py"), *flags, "--steps", "6",
                                 "--out", out, "--quiet", "--no-plot", "--threads", "1", "--eval-every", "0",
@@ -257,6 +261,8 @@ def main(args, t0: float) -> dict:
         from experiments.regime.grid import cell_run
         rows = pilot_runs(out, args.runs_dir, args.jobs, cell_run)[1]
         pilot = steps_rule(rows)
+    res.update(made(out, "depth"))
+    res.update(made(out, "walk"))
     depth = depth_rule(res)
     if "depth" not in args.skip:
         for L in design.DEPTHS:  # shallowest first; deeper ones only while the rule is undecided

@@ -68,7 +68,9 @@ def write_regime(out: str, data: dict, t0: float) -> None:
     d = data["depth"]
     parts += ["## The deep preset's depth", f"Rule: {design.DEPTH_TEXT}.",
               "\n".join(["| layers | token flip rate (seeds 0, 1) |", "|---|---|"] +
-                        [f"| {L} | {v:.1%} |" for L, v in d["measured"].items()])]
+                        [f"| {L} | {v:.1%} |" for L, v in d["measured"].items()] +
+                        ([f"| {d['depth']} | not measured yet (the rule's fallback either way) |"]
+                         if d["decided"] and d["depth"] not in d["measured"] else []))]
     parts.append(f"Outcome: **{d['depth']} layers**" if d["decided"] else "Outcome: pending")
     if data.get("timing"):
         t = data["timing"]

@@ -43,6 +43,8 @@ def deep_runs(cal: dict) -> tuple[bool, str]:
     if not d.get("decided"):
         return False, "the depth rule is undecided"
     warm = [cal.get("deep_warmup", {}).get(str(s)) for s in design.DEPTH_SEEDS]
+    if not any(warm):
+        return False, f"its start-matched warm-ups at {d['depth']} layers are not measured yet"
     if not all(w and w.get("reached") for w in warm):
         return False, (f"its start-matched warm-up did not reach {design.WARMUP_UNTIL} within {design.WARMUP_CAP} "
                        f"steps on seeds {list(design.DEPTH_SEEDS)} (probe rewards "
