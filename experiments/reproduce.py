@@ -77,6 +77,8 @@ class Entry:
     note: str = ""
 
 
+REGIME_CHECKED = ("natural", "lv15", "lv7", "lv5", "lv3", "oracle")  # the settings whose seed-0 start is rechecked
+
 REGISTRY = (
     Entry("mismatch_table", "results", ("mismatch_table.json", "mismatch_table.png"),
           ("python -m experiments.mismatch --out {out}",), wall_s=90, quick=True,
@@ -246,6 +248,22 @@ REGISTRY = (
                "PARTIAL until grid.json says complete (shortest length first; `--report` rewrites the tables, the "
                "command resumes). The check remakes the tables from the committed records; the runs take about "
                "16 core-hours (3 min at T = 64 to ~30 min at T = 1024 on one thread)"),
+    Entry("regime", "results/regime", ("regime.json", "regime.md", "regime.png",
+                                       *(f"measure/start-{name}-s0.json" for name in REGIME_CHECKED),
+                                       "measure/fixed80-natural-s0.json", "measure/start-*-s[1-9].json",
+                                       "measure/fixed80-natural-s[1-9].json", "measure/after-*.json",
+                                       "measure/depth-*.json", "pilot-records/*.jsonl.gz"),
+          ("python -m experiments.regime --jobs 2 --out {out}",), wall_s=14400,
+          check_commands=("python -m experiments.regime --start-only --seeds 0 --jobs 1 --out {out}",),
+          check_wall_s=60, quick=True,
+          checks=tuple(Check(f"measure/start-{name}-s0.json", default="seed 0's start-matched warm-up, sampled and "
+                             "scored on one thread") for name in REGIME_CHECKED)
+          + (Check("measure/fixed80-natural-s0.json"),),
+          note="the regime table and calibration, before any grid run: start-of-RL measurements of every setting "
+               "(seeds 0-7), the none/n4 grid runs to step 200 and their policies measured, the steps pilot (r3 at "
+               "the strongest position, 1000 steps), the depth rule's warm-ups (up to 48 layers), the walk task and "
+               "its demo (regime.md names the parts still pending); one JSON per measurement in measure/, made once and reused. The quick check remakes seed "
+               "0's start measurements exactly. Wall measured beside other work on 2 shared cores (several hours)"),
     Entry("claims", "results", ("claims.json", "claims.md"), ("python -m experiments.claims --out {out}/claims.json",),
           wall_s=2420,
           checks=(Check("claims.json", (("wall_s*", "skip", WALL),),

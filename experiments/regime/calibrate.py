@@ -14,6 +14,7 @@ in OUT/demo-records. Measurements run in parallel (--jobs), one thread each.
 import json
 import os
 import statistics
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
@@ -22,6 +23,7 @@ from experiments.regime import design
 from experiments.regime.measure import Spec, deep_config, measure, setting_spec, start_model, step_model
 from experiments.sweep import finished, run_all, set_flag
 from r3.runs.io import atomic_write_json, read_jsonl
+from r3.runs.provenance import git_state, provenance
 from r3.tasks.tasks import make_task
 from r3.train.warmup import preset_config, warmed_up_model
 
@@ -68,8 +70,10 @@ def measure_all(out: str, jobs: list[tuple[str, str, int, dict]], workers: int) 
             todo.append((kind, name, seed, extra))
     if todo:
         print(f"measuring {len(todo)} of {len(jobs)} ({len(jobs) - len(todo)} already in {folder})", flush=True)
+        git, t0 = git_state(outputs=(out,)), time.time()  # the checkout as the measurements started
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for (kind, name, seed, _), res in zip(todo, pool.map(_job, *zip(*todo))):
+                res = dict(res, provenance=provenance(git=git, t0=t0))
                 atomic_write_json(os.path.join(folder, key(kind, name, seed) + ".json"), res)
                 have[key(kind, name, seed)] = res
                 print(f"  {key(kind, name, seed)}: token flips {res.get('token_flip_rate')}, kl {res['kl']:.3g}",
