@@ -252,7 +252,7 @@ REGISTRY = (
                                        *(f"measure/start-{name}-s0.json" for name in REGIME_CHECKED),
                                        "measure/fixed80-natural-s0.json", "measure/start-*-s[1-9].json",
                                        "measure/fixed80-natural-s[1-9].json", "measure/after-*.json",
-                                       "measure/depth-*.json", "pilot-records/*.jsonl.gz"),
+                                       "measure/depth-*.json", "measure/timing.json", "pilot-records/*.jsonl.gz"),
           ("python -m experiments.regime --jobs 2 --out {out}",), wall_s=14400,
           check_commands=("python -m experiments.regime --start-only --seeds 0 --jobs 1 --out {out}",),
           check_wall_s=60, quick=True,

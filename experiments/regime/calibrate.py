@@ -7,6 +7,7 @@ Each measurement is one small JSON in OUT/measure/ (committed), made once and re
   fixed80-sS            the natural position on a fixed 80-step warm-up: the start without start-matching
   depthL-sS             the deep shape at L layers, natural fp8-router, for the depth rule
   walkT-sS              walk:T at the paper-matched position, for the walk length rule
+  timing                the deep preset's step time against the toy's (timing())
 The steps pilot (r3 at the strongest position, 1000 steps) runs in RUNS/pilot, its records in OUT/pilot-records; the
 walk demo (the oracle engine on walk:64 and on the cipher, DEMO_STEPS steps, seeds 0 and 1) in RUNS/demo, its records
 in OUT/demo-records. Measurements run in parallel (--jobs), one thread each.
@@ -286,7 +287,16 @@ def main(args, t0: float) -> dict:
     if depth["decided"] and not preset_ok:
         print(f"note: r3/model/model.py's qwen3-routing preset is not the depth rule's {depth['depth']} layers "
               f"(deep_config({depth['depth']}, vocab=16)); no timing until it is")
-    timed = timing(args) if "timing" not in args.skip and preset_ok else None
+    timed = None
+    if "timing" not in args.skip and preset_ok:  # made once, like the measurements (measure/timing.json)
+        path = os.path.join(out, "measure", "timing.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                timed = json.load(f)
+        else:
+            git, t1 = git_state(outputs=(out,)), time.time()
+            timed = dict(timing(args), provenance=provenance(git=git, t0=t1))
+            atomic_write_json(path, timed)
     starts = [dict(seed=s, fixed80=res[f"fixed80-natural-s{s}"]["reward"],
                    matched=res[f"start-natural-s{s}"]["reward"],
                    warmup_steps=res[f"start-natural-s{s}"]["warmup"]["steps"]) for s in seeds]
