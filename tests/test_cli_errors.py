@@ -100,3 +100,14 @@ def test_every_entry_point_prints_one_line(cmd, line):
                        env=env)
     assert r.returncode == 1 and "Traceback" in r.stderr and r.stderr.endswith(line + "\n"), r.stderr[-2000:]
     assert not os.path.exists(os.path.join(ROOT, "nowhere"))
+
+
+def test_the_route_checker_refuses_a_missing_folder_before_building_a_warm_up(tmp_path, monkeypatch, capsys):
+    from r3.tools import check
+    built = []
+    monkeypatch.setattr(check, "load_checker_model", lambda args: built.append(args) or 1 / 0)
+    with pytest.raises(SystemExit) as e:
+        run_main(lambda: check.main(["--rollouts", str(tmp_path / "nowhere"), "--preset", "toy"]))
+    assert e.value.code == 1
+    assert capsys.readouterr().err == f"error: rollout folder '{tmp_path / 'nowhere'}' does not exist\n"
+    assert built == []

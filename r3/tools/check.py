@@ -248,7 +248,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     check_flags(ap, args, dict(warmup_steps=INT_GE0, init_seed=INT_GE0, threads=THREADS))
     torch.set_num_threads(args.threads)
-    report = check_alignment(load_checker_model(args).float().eval(), find_batches(args.rollouts))
+    batches = find_batches(args.rollouts)  # a missing or damaged folder is refused before any warm-up is built
+    report = check_alignment(load_checker_model(args).float().eval(), batches)
     print(render(report))
     if args.json:
         with open(args.json, "w") as f:
