@@ -81,7 +81,7 @@ def tables(res: dict) -> str:
                                     f"{r['speedup']:.2f}x"] for r in res["decode"]]))
     if res.get("compile"):
         c = res["compile"][0]
-        out.append(f"\n**torch.compile probe, the trainer's forward + backward** (toy, fp32, {c['batch']} rows of "
+        out.append(f"\n**torch.compile probe, the trainer's forward + backward** ({'a 1-layer ' if c.get('layers') == 1 else ''}toy, fp32, {c['batch']} rows of "
                    f"{c['seq']} positions; ms per call, the three arms alternated; above 1 is faster)\n")
         out.append(markdown_table(
             ["arm", "ms", "speed-up", "first call s (compiles)", "graphs per forward", "grad max abs diff vs eager",
