@@ -77,11 +77,15 @@ def write_regime(out: str, data: dict, t0: float) -> None:
         parts.append(f"Step time (train.py, one thread): deep {t['step_time_s']['deep']:.2f} s, toy "
                      f"{t['step_time_s']['toy']:.2f} s, ratio {t['ratio']:.1f}x ({t['note']}).")
     if data.get("walk"):
+        keys = ("token_flip_rate", "kl", "kl_r3", "response_length", "exposure", "entropy", "reward")
+        reach = [T for T, w in data["walk"].items() if (w["exposure"]["mean"] or 0) >= design.PAPER["exposure"][0]]
         parts += ["## The walk task (exposure)", "At the paper-matched position, seeds 0 and 1 (mean):",
-                  "\n".join(["| T | kl | response length | S | entropy | reward |", "|---|---|---|---|---|---|"] +
-                            [f"| {T} | " + " | ".join(fmt(w[k]["mean"]) for k in ("kl", "response_length", "exposure",
-                                                                                  "entropy", "reward")) + " |"
-                             for T, w in data["walk"].items()])]
+                  "\n".join(["| T | tokens flipped | kl, no replay | kl, R3 | response length | S | entropy | "
+                             "reward |", "|---" * 8 + "|"] +
+                            [f"| {T} | " + " | ".join(fmt(w[k]["mean"]) for k in keys) + " |"
+                             for T, w in data["walk"].items()]),
+                  f"Walk length rule: the shortest T whose S reaches {design.PAPER['exposure'][0]}: " +
+                  (f"**{reach[0]}**" if reach else "**none does; tier 3 is not run**")]
     if data.get("walk_demo"):
         rows = []
         for task, runs in data["walk_demo"].items():
