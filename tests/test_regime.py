@@ -3,7 +3,9 @@
 mismatch the trainer's own metrics report (the oracle ~0, R3 below no replay under a strong dial), and its rules
 (paper-matched position, depth, steps, intervals, per-run numbers, tests and the Holm-corrected answer) compute what
 design.py says they do."""
+import json
 import math
+import os
 
 import pytest
 
@@ -14,6 +16,8 @@ from experiments.regime.measure import Spec, measure
 from r3.model.model import build_model
 from r3.tasks.tasks import make_task
 from r3.train.warmup import preset_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def flags_of(cell, seed=0):
@@ -172,3 +176,22 @@ def test_grid_report_and_figures_from_finished_runs(tmp_path):
     plots.grid_figure(cells, rows_by, cal, str(tmp_path / "grid.png"))
     plots.dose_figure(data, cal, str(tmp_path / "dose.png"))
     assert (tmp_path / "grid.png").stat().st_size > 10_000 and (tmp_path / "dose.png").stat().st_size > 10_000
+
+
+def test_regime_report_from_the_committed_calibration_with_walk_rows(tmp_path):
+    """The regime table's markdown, JSON and figure from the committed regime.json, with walk rows and a walk demo
+    added: the walk length rule's outcome is said in words, both ways."""
+    from experiments.regime import report
+    with open(os.path.join(ROOT, "results", "regime", "regime.json")) as f:
+        data = {k: v for k, v in json.load(f).items() if k != "provenance"}
+    walk = lambda S: {k: dict(mean=v) for k, v in dict(  # noqa: E731
+        token_flip_rate=0.64, kl=4e-3, kl_r3=2e-4, response_length=50.0, exposure=S, entropy=3.4, reward=0.3).items()}
+    demo = [dict(seed=0, heldout=[[49, 0.1], [99, 0.5]], first_entropy=3.4, final_entropy=1.2, final_reward=0.8)]
+    data.update(walk={"64": walk(0.25), "256": walk(0.67)}, walk_demo={"walk:64": demo, "cipher:32-32": demo})
+    report.write_regime(str(tmp_path), data, t0=0.0)
+    md = (tmp_path / "regime.md").read_text()
+    assert "| 64 | 0.64 |" in md and "none does; tier 3 is not run" in md and "| walk:64 | 0 | 0.10, 0.50 |" in md
+    assert (tmp_path / "regime.png").stat().st_size > 10_000
+    data["walk"]["256"] = walk(3.2)
+    report.write_regime(str(tmp_path), data, t0=0.0)
+    assert "the shortest T whose S reaches 3.0: **256**" in (tmp_path / "regime.md").read_text()
