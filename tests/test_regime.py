@@ -191,7 +191,13 @@ def test_regime_report_from_the_committed_calibration_with_walk_rows(tmp_path):
     report.write_regime(str(tmp_path), data, t0=0.0)
     md = (tmp_path / "regime.md").read_text()
     assert "| 64 | 0.64 |" in md and "none does; tier 3 is not run" in md and "| walk:64 | 0 | 0.10, 0.50 |" in md
+    assert "walk:64 learns (held-out exact accuracy above 0 at the last evaluation): seeds [0]" in md
+    assert "1.2 nats per token against cipher:32-32's 1.2: **not above** it" in md
     assert (tmp_path / "regime.png").stat().st_size > 10_000
+    data["walk_demo"]["walk:64"] = [dict(demo[0], heldout=[[49, 0.0], [99, 0.0]], final_entropy=2.0)]
+    report.write_regime(str(tmp_path), data, t0=0.0)
+    md = (tmp_path / "regime.md").read_text()
+    assert "at the last evaluation): **no seed**" in md and "2 nats per token against cipher:32-32's 1.2: **above**" in md
     data["walk"]["256"] = walk(3.2)
     report.write_regime(str(tmp_path), data, t0=0.0)
     assert "the shortest T whose S reaches 3.0: **256**" in (tmp_path / "regime.md").read_text()

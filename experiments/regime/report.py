@@ -87,14 +87,28 @@ def write_regime(out: str, data: dict, t0: float) -> None:
                   f"Walk length rule: the shortest T whose S reaches {design.PAPER['exposure'][0]}: " +
                   (f"**{reach[0]}**" if reach else "**none does; tier 3 is not run**")]
     if data.get("walk_demo"):
-        rows = []
-        for task, runs in data["walk_demo"].items():
+        rows, demo = [], data["walk_demo"]
+        for task, runs in demo.items():
             for r in runs:
                 rows.append(f"| {task} | {r['seed']} | {', '.join(f'{a:.2f}' for _, a in r['heldout'])} | "
-                            f"{r['first_entropy']:.2f} | {r['final_entropy']:.2f} | {r['final_reward']:.3f} |")
-        parts += ["The walk task learns and keeps its entropy (the oracle engine, the grid's oracle/none/n4 flags "
-                  "otherwise):", "\n".join(["| task | seed | held-out accuracy at each evaluation | entropy, step 0 | "
-                                             "entropy, last 50 steps | reward, last step |", "|---" * 6 + "|"] + rows)]
+                            f"{fmt(r['first_entropy'])} | {fmt(r['final_entropy'])} | {fmt(r['final_reward'])} |")
+        walk = next((t for t in demo if t.startswith("walk")), None)
+        mean = lambda t, k: sum(r[k] for r in demo[t]) / len(demo[t])  # noqa: E731
+        verdict = []
+        if walk:
+            learned = [r["seed"] for r in demo[walk] if r["heldout"] and r["heldout"][-1][1] > 0]
+            verdict.append(f"{walk} learns (held-out exact accuracy above 0 at the last evaluation): "
+                           f"{'seeds ' + str(learned) if learned else '**no seed**'}.")
+            for t in demo:
+                if t != walk:
+                    verdict.append(f"Its entropy over the last 50 steps: {fmt(mean(walk, 'final_entropy'))} nats per "
+                                   f"token against {t}'s {fmt(mean(t, 'final_entropy'))}: "
+                                   f"**{'above' if mean(walk, 'final_entropy') > mean(t, 'final_entropy') else 'not above'}"
+                                   f"** it.")
+        parts += ["Does the walk task learn and keep its entropy? The oracle engine, the grid's oracle/none/n4 flags "
+                  "otherwise:", "\n".join(["| task | seed | held-out accuracy at each evaluation | entropy, step 0 | "
+                                             "entropy, last 50 steps | reward, last step |", "|---" * 6 + "|"] + rows),
+                  " ".join(verdict)]
     if data.get("pilot"):
         p = data["pilot"]
         parts += ["## Steps per run", f"Rule: {design.STEPS_TEXT}.",
