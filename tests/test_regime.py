@@ -90,6 +90,23 @@ def test_depth_rule_takes_the_shallowest_depth_that_passes():
     assert depth_rule(res) == dict(depth=48, measured={6: 0.6, 12: 0.88, 24: 0.5}, decided=True)
 
 
+def test_depths_are_measured_until_the_rule_decides_and_the_fallback_too(monkeypatch):
+    from experiments.regime import calibrate
+    flips = {"6": 0.5, "12": 0.6, "24": 0.7, "48": 0.8}
+    asked = []
+
+    def fake(out, jobs, workers):
+        asked.append(jobs[0][1])
+        return {f"depth-{name}-s{s}": {"token_flip_rate": flips[name]} for _, name, s, _ in jobs}
+    monkeypatch.setattr(calibrate, "measure_all", fake)
+    res = {}
+    assert calibrate.measure_depths("out", res, 1) == dict(depth=48, measured={6: 0.5, 12: 0.6, 24: 0.7, 48: 0.8},
+                                                           decided=True)
+    assert asked == ["6", "12", "24", "48"]
+    flips["12"], asked[:] = 0.95, []
+    assert calibrate.measure_depths("out", {}, 1)["depth"] == 12 and asked == ["6", "12"]
+
+
 def test_steps_rule():
     rows = [[dict(step=s, **{"eval/accuracy": a}) for s, a in zip((49, 99, 149, 199), accs)]
             for accs in ((0.1, 0.5, 0.8, 0.81), (0.1, 0.5, 0.8, 0.79))]

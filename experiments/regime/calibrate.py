@@ -138,6 +138,17 @@ def depth_rule(results: dict) -> dict:
     return dict(depth=design.DEPTHS[-1], measured=measured, decided=True)
 
 
+def measure_depths(out: str, res: dict, workers: int) -> dict:
+    """The depth rule's measurements, shallowest first, deeper ones only while the rule is undecided; the fallback
+    (the deepest) is measured too, though the rule takes it either way. Adds them to `res`; returns depth_rule."""
+    for L in design.DEPTHS:
+        res.update(measure_all(out, [("depth", str(L), s, {}) for s in design.DEPTH_SEEDS], workers))
+        depth = depth_rule(res)
+        if depth["decided"] and depth["depth"] in depth["measured"]:
+            return depth
+    return depth
+
+
 def steps_rule(rows_by_seed: list[list[dict]]) -> dict:
     """STEPS_TEXT on the pilot runs' metrics rows."""
     evals = [{r["step"]: r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None}
@@ -270,11 +281,7 @@ def main(args, t0: float) -> dict:
     res.update(made(out, "walk"))
     depth = depth_rule(res)
     if "depth" not in args.skip:
-        for L in design.DEPTHS:  # shallowest first; deeper ones only while the rule is undecided
-            res.update(measure_all(out, [("depth", str(L), s, {}) for s in design.DEPTH_SEEDS], args.jobs))
-            depth = depth_rule(res)
-            if depth["decided"]:
-                break
+        depth = measure_depths(out, res, args.jobs)
     walk = {}
     if "walk" not in args.skip:
         res.update(measure_all(out, [("walk", str(T), s, dict(paper=paper)) for T in design.WALK_LENGTHS
