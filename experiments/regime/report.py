@@ -8,6 +8,7 @@ import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
 from experiments.regime import design
+from experiments.regime.run_grid import walk_length
 
 ROWS = (("router_flip_rate", "routers that differ", "router_flip_rate", "{:.1%}"),
         ("token_flip_rate", "tokens with >= 1 flip", "token_flip_rate", "{:.1%}"),
@@ -78,14 +79,14 @@ def write_regime(out: str, data: dict, t0: float) -> None:
                      f"{t['step_time_s']['toy']:.2f} s, ratio {t['ratio']:.1f}x ({t['note']}).")
     if data.get("walk"):
         keys = ("token_flip_rate", "kl", "kl_r3", "response_length", "exposure", "entropy", "reward")
-        reach = [T for T, w in data["walk"].items() if (w["exposure"]["mean"] or 0) >= design.PAPER["exposure"][0]]
+        reach = walk_length(data)
         parts += ["## The walk task (exposure)", "At the paper-matched position, seeds 0 and 1 (mean):",
                   "\n".join(["| T | tokens flipped | kl, no replay | kl, R3 | response length | S | entropy | "
                              "reward |", "|---" * 8 + "|"] +
                             [f"| {T} | " + " | ".join(fmt(w[k]["mean"]) for k in keys) + " |"
                              for T, w in data["walk"].items()]),
                   f"Walk length rule: the shortest T whose S reaches {design.PAPER['exposure'][0]}: " +
-                  (f"**{reach[0]}**" if reach else "**none does; tier 3 is not run**")]
+                  (f"**{reach}**" if reach is not None else "**none does; tier 3 is not run**")]
     if data.get("walk_demo"):
         rows, demo = [], data["walk_demo"]
         for task, runs in demo.items():
@@ -93,18 +94,15 @@ def write_regime(out: str, data: dict, t0: float) -> None:
                 rows.append(f"| {task} | {r['seed']} | {', '.join(f'{a:.2f}' for _, a in r['heldout'])} | "
                             f"{fmt(r['first_entropy'])} | {fmt(r['final_entropy'])} | {fmt(r['final_reward'])} |")
         walk = next((t for t in demo if t.startswith("walk")), None)
-        mean = lambda t, k: sum(r[k] for r in demo[t]) / len(demo[t])  # noqa: E731
+        ent = {t: sum(r["final_entropy"] for r in runs) / len(runs) for t, runs in demo.items()}
         verdict = []
         if walk:
             learned = [r["seed"] for r in demo[walk] if r["heldout"] and r["heldout"][-1][1] > 0]
             verdict.append(f"{walk} learns (held-out exact accuracy above 0 at the last evaluation): "
                            f"{'seeds ' + str(learned) if learned else '**no seed**'}.")
-            for t in demo:
-                if t != walk:
-                    verdict.append(f"Its entropy over the last 50 steps: {fmt(mean(walk, 'final_entropy'))} nats per "
-                                   f"token against {t}'s {fmt(mean(t, 'final_entropy'))}: "
-                                   f"**{'above' if mean(walk, 'final_entropy') > mean(t, 'final_entropy') else 'not above'}"
-                                   f"** it.")
+            verdict += [f"Its entropy over the last 50 steps: {fmt(ent[walk])} nats per token against {t}'s "
+                        f"{fmt(ent[t])}: **{'above' if ent[walk] > ent[t] else 'not above'}** it."
+                        for t in demo if t != walk]
         parts += ["Does the walk task learn and keep its entropy? The oracle engine, the grid's oracle/none/n4 flags "
                   "otherwise:", "\n".join(["| task | seed | held-out accuracy at each evaluation | entropy, step 0 | "
                                              "entropy, last 50 steps | reward, last step |", "|---" * 6 + "|"] + rows),
