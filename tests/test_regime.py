@@ -139,6 +139,8 @@ def test_tests_and_answer_read_the_predicted_direction():
                           ("r3", {s: run_row(None, held) for s in range(8)})):
             cells[f"{p}/{arm}/n4"] = dict(collapsed=sum(r["collapse_step"] is not None for r in runs.values()),
                                           n=8, runs=runs)
+    for cell in (f"{design.STRONGEST}/r2/n4", "lv15/r2/n4", "oracle/none/n4"):  # none is tested against these too
+        cells[cell] = dict(collapsed=8, n=8, runs={s: run_row(None, fell) for s in range(8)})
     ts = compare(cells, "lv15")
     a = answer(ts, complete=True)
     strong = next(r for r in a["positions"] if r["position"] == design.STRONGEST)

@@ -121,11 +121,11 @@ def compare(cells: dict, paper: str) -> list[dict]:
 
 def answer(ts: list[dict], complete: bool) -> dict:
     """The reading at 4 mini-steps, per position (Holm over the five), and SELECTION_TEXT's pick."""
-    by = {(t["a"], t["metric"]): t for t in ts}
+    by = {(t["a"], t["b"], t["metric"]): t for t in ts}  # keyed by both cells: none is also tested against r2, oracle
     rows = []
     for p in design.POSITIONS:
-        c = by.get((f"{p}/none/n4", "collapsed"))
-        area = by.get((f"{p}/none/n4", "heldout_area"))
+        c = by.get((f"{p}/none/n4", f"{p}/r3/n4", "collapsed"))
+        area = by.get((f"{p}/none/n4", f"{p}/r3/n4", "heldout_area"))
         if c is not None:
             rows.append(dict(position=p, counts=c["counts"], p=c["p"], effect=c["effect"],
                              p_area=area["p"] if area else 1.0, area_effect=area["effect"] if area else None))
