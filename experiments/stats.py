@@ -28,6 +28,7 @@ MC_DRAWS = 100_000
 TOL = 1e-6
 # paired_permutation_test takes differences of in-memory metrics (experiments/mismatch/numerics.py) as small as 1e-15,
 # so its absolute tolerance stays 1e-9: differences below it (the fp32 oracle's last bits) count as no difference.
+# Paired tests of run records (held-out areas, drawdowns: 7 significant digits) pass TOL instead.
 PAIRED_TOL = 1e-9
 
 
@@ -63,17 +64,18 @@ def permutation_test(xs: list[float], ys: list[float], seed: int = 0) -> float:
     return (hits + 1) / (MC_DRAWS + 1)
 
 
-def paired_permutation_test(diffs: list[float], seed: int = 0) -> float:
+def paired_permutation_test(diffs: list[float], seed: int = 0, tol: float = PAIRED_TOL) -> float:
     """Two-sided p that paired differences are centred on 0: the fraction of the 2^n sign flips whose |mean| is at
-    least the observed one; exact up to EXACT_MAX flips, else Monte Carlo (MC_DRAWS draws, the observed counted)."""
+    least the observed one (up to `tol`); exact up to EXACT_MAX flips, else Monte Carlo (MC_DRAWS draws, the
+    observed counted)."""
     if not diffs:
         return 1.0
     n, observed = len(diffs), abs(sum(diffs) / len(diffs))
     if 2 ** n <= EXACT_MAX:
         flips = itertools.product((1, -1), repeat=n)
-        return sum(abs(sum(s * d for s, d in zip(f, diffs))) / n >= observed - PAIRED_TOL for f in flips) / 2 ** n
+        return sum(abs(sum(s * d for s, d in zip(f, diffs))) / n >= observed - tol for f in flips) / 2 ** n
     rng = random.Random(seed)
-    hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) / n >= observed - PAIRED_TOL
+    hits = sum(abs(sum(d if rng.random() < 0.5 else -d for d in diffs)) / n >= observed - tol
                for _ in range(MC_DRAWS))
     return (hits + 1) / (MC_DRAWS + 1)
 
@@ -106,18 +108,28 @@ def crossing(a: float, b: float, level: float = 0.5) -> float | None:
 
 def bootstrap_crossing(xs: list[float], ys: list[int], draws: int = 2000, seed: int = 0, level: float = 0.5,
                        lo: float = 0.0, hi: float = 1.0) -> dict:
-    """The 2.5 and 97.5 % points of `crossing` over fits to runs resampled with replacement; a draw whose crossing
-    is undefined or outside [lo, hi] counts as 'not reached' (its share is reported)."""
+    """The 2.5 and 97.5 % points (nearest rank) of `crossing` over fits to runs resampled with replacement, among the
+    draws whose crossing lies in [lo, hi]. The others are counted, not dropped silently: 'passed' (the fitted rate is
+    above `level` already at lo: every resampled run collapsed, or the crossing lies below lo) and 'not_reached' (no
+    resampled run collapsed, the slope is not positive, or the crossing lies above hi); a draw whose runs all agree
+    is not fitted (its slope would be rounding noise of either sign)."""
     rng = random.Random(seed)
-    found, n = [], len(xs)
+    found, n, passed = [], len(xs), 0
     for _ in range(draws):
         idx = [rng.randrange(n) for _ in range(n)]
-        c = crossing(*logistic_fit([xs[i] for i in idx], [ys[i] for i in idx]), level)
-        if c is not None and lo <= c <= hi:
+        ys_b = [ys[i] for i in idx]
+        if sum(ys_b) in (0, n):
+            passed += sum(ys_b) == n
+            continue
+        c = crossing(*logistic_fit([xs[i] for i in idx], ys_b), level)
+        if c is not None and c < lo:
+            passed += 1
+        elif c is not None and c <= hi:
             found.append(c)
     found.sort()
-    pick = lambda q: found[min(len(found) - 1, int(q * len(found)))] if found else None  # noqa: E731
-    return dict(lo=pick(0.025), hi=pick(0.975), not_reached=1 - len(found) / draws, draws=draws)
+    pick = lambda q: found[max(0, math.ceil(q * len(found)) - 1)] if found else None  # noqa: E731
+    return dict(lo=pick(0.025), hi=pick(0.975), passed=passed / draws,
+                not_reached=1 - (len(found) + passed) / draws, draws=draws, range=[lo, hi])
 
 
 # ------------------------------------------------------------------------- Student's t, for claims over seeds

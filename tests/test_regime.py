@@ -11,7 +11,7 @@ import pytest
 
 from experiments.regime import design
 from experiments.regime.calibrate import closest, depth_rule, interval, steps_rule
-from experiments.regime.grid import answer, cell_run, compare, kl_trend, run_row
+from experiments.regime.grid import answer, cell_entry, cell_run, compare, kl_trend, run_row
 from experiments.regime.measure import Spec, measure
 from r3.model.model import build_model
 from r3.tasks.tasks import make_task
@@ -154,7 +154,7 @@ def test_tests_and_answer_read_the_predicted_direction():
 def test_grid_report_and_figures_from_finished_runs(tmp_path):
     """The grid's tables, dose-response and figures from synthetic finished runs (a partial grid included)."""
     from experiments.regime import plots
-    from experiments.regime.run_grid import deep_runs, deep_steps, dose, report_md, survival, walk_length
+    from experiments.regime.run_grid import deep_runs, deep_state, deep_steps, dose, report_md, survival, walk_length
     start = {p: {"start": {k: {"mean": v} for k, v in (("router_flip_rate", 0.03 + 0.1 * i),
                                                         ("token_flip_rate", 0.1 + 0.2 * i), ("exposure", 0.1 * i))}}
              for i, p in enumerate([*design.POSITIONS, "oracle"])}
@@ -169,7 +169,10 @@ def test_grid_report_and_figures_from_finished_runs(tmp_path):
     assert deep_runs(cal) == (True, "400 steps")
     cal["timing"]["step_time_s"]["deep"] = 12.0
     assert deep_runs(cal) == (False, "only 100 steps fit the 8 core-hour budget")
+    no_warmups = {k: v for k, v in cal.items() if k != "deep_warmup"}  # the budget decides before the warm-ups
+    assert deep_state(no_warmups) == (False, "only 100 steps fit the 8 core-hour budget", False)
     cal["timing"]["step_time_s"]["deep"] = 4.0
+    assert deep_state(no_warmups)[2] and not deep_state(cal)[2]  # 400 steps fit: pending on its warm-ups
     fell, held = rows_of([1e-3] * 200, [0.2, 0.6, 0.1, 0.05]), rows_of([1e-3] * 200, [0.2, 0.6, 0.7, 0.8])
     cells, rows_by = {}, {}
     for i, p in enumerate(design.POSITIONS):
@@ -187,7 +190,7 @@ def test_grid_report_and_figures_from_finished_runs(tmp_path):
                 survival=survival(cells, 600))
     d = data["dose"]["router_flip_rate/none"]
     assert d["b"] > 0 and 0 < d["x50"] < 1 and d["x50_interval"]["draws"] == 2000
-    assert data["dose"]["router_flip_rate/r3"]["collapsed"] == 0
+    assert data["dose"]["router_flip_rate/r3"]["collapsed"] == 0 and data["dose"]["router_flip_rate/r3"]["a"] is None
     assert data["survival"]["lv3/none/n4"][0] == [0, 1.0] and data["survival"]["lv3/none/n4"][-1] == [600, 0.0]
     settings = {p: {k: v["mean"] for k, v in s.items()} for p, s in data["settings"].items()}
     md = report_md({**data, "settings": settings})
@@ -195,6 +198,51 @@ def test_grid_report_and_figures_from_finished_runs(tmp_path):
     plots.grid_figure(cells, rows_by, cal, str(tmp_path / "grid.png"))
     plots.dose_figure(data, cal, str(tmp_path / "dose.png"))
     assert (tmp_path / "grid.png").stat().st_size > 10_000 and (tmp_path / "dose.png").stat().st_size > 10_000
+
+
+def test_dose_fits_only_when_runs_differ_and_marks_a_crossing_beyond_the_data():
+    """Every run collapsed (or none): no fit, not a crossing of rounding noise's sign (it was -1.45e12); a crossing
+    outside the measured flip rates is marked; the bootstrap counts draws already past 50 % apart."""
+    from experiments.regime.run_grid import dose
+    from experiments.stats import bootstrap_crossing
+    cal = dict(table={p: {"start": {"router_flip_rate": {"mean": 0.03 + 0.08 * i}, "token_flip_rate": {"mean": 0.1 + 0.2 * i}}}
+                      for i, p in enumerate(design.POSITIONS)})
+    fell, held = run_row(None, rows_of([1e-3] * 200, [0.2, 0.6, 0.1, 0.05])), run_row(None, rows_of([1e-3] * 200, [0.5] * 4))
+    cells = {f"{p}/none/n4": cell_entry({s: fell for s in range(4)}) for p in design.POSITIONS}
+    e = dose(cells, cal)["router_flip_rate/none"]
+    assert e["collapsed"] == 20 and e["a"] is None and e["x50"] is None and e["x50_interval"]["passed"] == 1.0
+    cells = {f"{p}/none/n4": cell_entry({s: fell if p == design.STRONGEST and s == 0 else held for s in range(4)})
+             for p in design.POSITIONS}  # one collapse, at the strongest position: the fit crosses beyond it
+    e = dose(cells, cal)["router_flip_rate/none"]
+    assert e["x50"] > e["range"][1] and e["x50_beyond"]
+    iv = bootstrap_crossing([0.1, 0.2, 0.3, 0.4], [0, 0, 1, 1])
+    # a draw of four runs all collapsed (1/16 of draws) is 'passed', all held (1/16) 'not reached'; symmetric data
+    assert abs(iv["passed"] - 1 / 16) < 0.02 and abs(iv["not_reached"] - 1 / 16) < 0.02 and iv["lo"] < 0.25 < iv["hi"]
+
+
+def test_report_median_and_completeness_and_record_rounding():
+    """The grad-norm median of an even count is the mean of the middle two; a report over fewer seeds or tiers than
+    the design is never 'complete'; drawdowns equal up to the records' 7 digits tie in the paired test."""
+    from types import SimpleNamespace
+    from experiments.regime.grid import _paired
+    from experiments.regime.run_grid import completeness, report_md
+    row = lambda g: dict(run_row(None, rows_of([1e-3] * 200, [0.5] * 4)), max_grad_norm=g)  # noqa: E731
+    cells = {c: cell_entry({0: row(10.0), 1: row(20.0)}) for c in design.tier_cells("lv7", deep=False, walk=False)[1]}
+    cal = dict(paper_matched="lv7", depth=dict(decided=True, depth=48), pilot=dict(steps=800),
+               timing=dict(step_time_s=dict(deep=10.75)))
+    for tiers, seeds in (([1], [0, 1]), ([1], list(range(8)))):
+        assert not completeness(cells, cal, SimpleNamespace(tiers=tiers, seeds=seeds))[1]
+    full = {c: cell_entry({s: row(10.0) for s in range(8)}) for c in cells}
+    assert completeness(full, cal, SimpleNamespace(tiers=[1], seeds=list(range(8)))) == {1: True, 2: False}
+    d = dict(cells=cells, complete={1: False, 2: False}, seeds=[0, 1], tiers=[1], rule="R", common="--x", steps=800,
+             deep=dict(run=False, why="w"), paper_matched="lv7", settings={}, tests_text="T", tests=[],
+             answer=dict(positions=[], pick=None, complete=False, separates=False), selection_text="S", dose={},
+             predictions=["P"])
+    md = report_md(d)
+    assert "| 15 |" in md and "(complete)" not in md and "partial" in md
+    a = {0: dict(max_drawdown=0.0625), 1: dict(max_drawdown=0.0390625)}
+    b = {0: dict(max_drawdown=0.0), 1: dict(max_drawdown=0.0390624)}
+    assert _paired(a, b, "max_drawdown")[1] == 1.0  # the second pair ties: one informative sign, p = 1
 
 
 def test_regime_report_from_the_committed_calibration_with_walk_rows(tmp_path):

@@ -14,7 +14,7 @@ import statistics
 
 from experiments.regime import design
 from experiments.rules import max_drawdown, sustained_collapse
-from experiments.stats import fisher_exact, holm, paired_permutation_test
+from experiments.stats import TOL, fisher_exact, holm, paired_permutation_test
 from experiments.sweep import set_flag
 
 
@@ -98,9 +98,10 @@ def pairs(cells: list[str], paper: str) -> list[tuple[str, str]]:
 
 
 def _paired(a: dict, b: dict, key: str) -> tuple[float | None, float, int]:
-    """(mean of a - b, paired permutation p, pairs) over the seeds both cells finished."""
+    """(mean of a - b, paired permutation p, pairs) over the seeds both cells finished. Records keep 7 significant
+    digits, so equal drawdowns can differ by ~1e-7: the test counts ties at experiments.stats.TOL."""
     diffs = [a[s][key] - b[s][key] for s in sorted(set(a) & set(b)) if a[s][key] is not None and b[s][key] is not None]
-    return (statistics.fmean(diffs) if diffs else None), paired_permutation_test(diffs), len(diffs)
+    return (statistics.fmean(diffs) if diffs else None), paired_permutation_test(diffs, tol=TOL), len(diffs)
 
 
 def compare(cells: dict, paper: str) -> list[dict]:

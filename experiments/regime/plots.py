@@ -69,12 +69,14 @@ def dose_figure(data: dict, cal: dict, path: str) -> None:
                      if data["cells"].get(f"{p}/{arm}/n4", {}).get("n")]
             ax.plot(pos_x, rate, "o", color=ARM_COLORS[arm], label=f"{arm}: collapse rate")
             grid = [i / 100 for i in range(0, 101)]
-            ax.plot(grid, [1 / (1 + math.exp(-max(-500, min(500, e["a"] + e["b"] * x)))) for x in grid],
-                    color=ARM_COLORS[arm], lw=1)
+            if e["a"] is not None:  # no fit when every run of the arm agrees
+                ax.plot(grid, [1 / (1 + math.exp(-max(-500, min(500, e["a"] + e["b"] * x)))) for x in grid],
+                        color=ARM_COLORS[arm], lw=1)
             ax.plot([x for x, _ in e["area"]], [a for _, a in e["area"]], "x", color=ARM_COLORS[arm], alpha=0.4,
                     label=f"{arm}: held-out area, each run")
         ax.axvline(paper_x[quantity], color="0.3", ls=":", lw=1, label="the paper's measured value")
         ax.set_xlabel(f"{quantity.replace('_', ' ')} at the start of RL (regime table)")
+        ax.set_ylabel("collapse rate (o) / held-out area (x)")
         ax.set_ylim(-0.03, 1.03)
         ax.set_xlim(0, 1)
         ax.legend(fontsize=7)
@@ -88,6 +90,7 @@ def dose_figure(data: dict, cal: dict, path: str) -> None:
                 / (len(design.POSITIONS) - 1), lw=1, label=c)
     ax.set_xlabel("step")
     ax.set_ylabel("fraction not collapsed")
+    ax.set_ylim(-0.03, 1.03)  # fixed, so a flat line at 1 reads as "none fell", not as a zoomed axis
     ax.set_title("survival at 4 mini-steps (darker: stronger dial)", fontsize=9)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()

@@ -8,6 +8,7 @@ logistic fits, survival curves).
 """
 import json
 import os
+import statistics
 
 from experiments.common import fmt, write_results
 from experiments.regime import design
@@ -37,22 +38,29 @@ def deep_steps(cal: dict, steps: int) -> int:
     return min(steps, fit)
 
 
-def deep_runs(cal: dict) -> tuple[bool, str]:
-    """DEEP_RUN_TEXT: (run the deep cell?, why)."""
+def deep_state(cal: dict) -> tuple[bool, str, bool]:
+    """DEEP_RUN_TEXT: (run the deep cell?, why, still pending?). The budget is checked first: when too few steps fit,
+    the cell is out whatever its warm-ups do, so it is not pending on them."""
     d = cal["depth"]
     if not d.get("decided"):
-        return False, "the depth rule is undecided"
-    warm = [cal.get("deep_warmup", {}).get(str(s)) for s in design.DEPTH_SEEDS]
-    if not any(warm):
-        return False, f"its start-matched warm-ups at {d['depth']} layers are not measured yet"
-    if not all(w and w.get("reached") for w in warm):
-        return False, (f"its start-matched warm-up did not reach {design.WARMUP_UNTIL} within {design.WARMUP_CAP} "
-                       f"steps on seeds {list(design.DEPTH_SEEDS)} (probe rewards "
-                       f"{[None if not w else round(w['probe_reward'], 3) for w in warm]})")
+        return False, "the depth rule is undecided", True
     steps = deep_steps(cal, cal["pilot"]["steps"])
     if steps < design.DEEP_MIN_STEPS:
-        return False, f"only {steps} steps fit the {design.DEEP_BUDGET_CORE_H:g} core-hour budget"
-    return True, f"{steps} steps"
+        return False, f"only {steps} steps fit the {design.DEEP_BUDGET_CORE_H:g} core-hour budget", False
+    warm = [cal.get("deep_warmup", {}).get(str(s)) for s in design.DEPTH_SEEDS]
+    if not all(w and w.get("reached") for w in warm) and any(w and not w.get("reached") for w in warm):
+        why = (f"its start-matched warm-up did not reach {design.WARMUP_UNTIL} within {design.WARMUP_CAP} steps on "
+               f"seeds {list(design.DEPTH_SEEDS)} (probe rewards "
+               f"{[None if not w else round(w['probe_reward'], 3) for w in warm]})")
+        return False, why, False
+    if not all(warm):
+        return False, f"its start-matched warm-ups at {d['depth']} layers are not measured yet", True
+    return True, f"{steps} steps", False
+
+
+def deep_runs(cal: dict) -> tuple[bool, str]:
+    """DEEP_RUN_TEXT: (run the deep cell?, why)."""
+    return deep_state(cal)[:2]
 
 
 def walk_length(cal: dict) -> int | None:
@@ -90,21 +98,41 @@ def dose(cells: dict, cal: dict) -> dict:
                     area.append((x, r["heldout_area"]))
             if not xs:
                 continue
-            a, b = logistic_fit(xs, ys)
-            entry = dict(a=a, b=b, x50=crossing(a, b), runs=len(xs), collapsed=sum(ys), area=area)
+            entry = dict(a=None, b=None, x50=None, runs=len(xs), collapsed=sum(ys), area=area, range=[min(xs), max(xs)])
+            if 0 < sum(ys) < len(ys):  # all runs alike: the fit's slope is rounding noise of either sign, no fit
+                a, b = logistic_fit(xs, ys)
+                x50 = crossing(a, b)
+                entry.update(a=a, b=b, x50=x50, x50_beyond=x50 is not None and not min(xs) <= x50 <= max(xs))
             if arm == "none" and any(ys):
                 entry["x50_interval"] = bootstrap_crossing(xs, ys)
             res[f"{quantity}/{arm}"] = entry
     return res
 
 
-def survival(cells: dict, steps: int) -> dict:
-    """Per cell, the fraction of runs not yet collapsed at each collapse step (1 at 0; the last value at the end)."""
+def survival(cells: dict, steps: int, deep_steps: int | None = None) -> dict:
+    """Per cell, the fraction of runs not yet collapsed at each collapse step (1 at 0; the last value at the end, the
+    cell's own steps: the deep cell may run fewer)."""
     out = {}
     for c, d in cells.items():
+        end = deep_steps if deep_steps is not None and c.startswith("deep/") else steps
         n, falls = d["n"], sorted(r["collapse_step"] for r in d["runs"].values() if r["collapse_step"] is not None)
         if n:
-            out[c] = [[0, 1.0]] + [[s, 1 - (i + 1) / n] for i, s in enumerate(falls)] + [[steps, 1 - len(falls) / n]]
+            out[c] = [[0, 1.0]] + [[s, 1 - (i + 1) / n] for i, s in enumerate(falls)] + [[end, 1 - len(falls) / n]]
+    return out
+
+
+def completeness(cells: dict, cal: dict, args) -> dict:
+    """{tier: complete?} for every tier the design runs: complete when every seed of design.SEEDS finished every cell
+    of the tier (a report over fewer tiers or seeds is partial, whatever it holds), and for tier 2 the deep cell is
+    decided (a pending deep cell keeps it open)."""
+    run, _, pending = deep_state(cal)
+    tiers = design.tier_cells(cal["paper_matched"], deep=run, walk=walk_length(cal) is not None)
+    out = {}
+    for t, cs in tiers.items():
+        if cs:
+            out[t] = (t in args.tiers and set(design.SEEDS) <= set(args.seeds)
+                      and all(c in cells and cells[c]["n"] >= len(design.SEEDS) for c in cs)
+                      and not (t == 2 and pending))
     return out
 
 
@@ -123,11 +151,11 @@ def main(args, t0: float) -> dict:
             rows_by[c, s] = rec[1]
     names = list(dict.fromkeys(c for _, c, *_ in runs))
     cells = {c: cell_entry(done.get(c, {})) for c in names}
-    complete = {t: all(cells[c]["n"] == len(args.seeds) for tt, c, *_ in runs if tt == t) for t in args.tiers}
+    complete = completeness(cells, cal, args)
     ts = compare(cells, cal["paper_matched"])
     ans = answer(ts, complete.get(1, False))
     dr = dose(cells, cal)
-    surv = survival(cells, cal["pilot"]["steps"])
+    surv = survival(cells, cal["pilot"]["steps"], deep_steps(cal, cal["pilot"]["steps"]))
     data = dict(rule=design.RULE_TEXT, tests_text=design.TESTS_TEXT, selection_text=design.SELECTION_TEXT,
                 predictions=design.PREDICTIONS, common=design.COMMON, steps=cal["pilot"]["steps"],
                 deep_steps=deep_steps(cal, cal["pilot"]["steps"]), deep=dict(zip(("run", "why"), deep_runs(cal))),
@@ -148,7 +176,10 @@ def main(args, t0: float) -> dict:
 def report_md(d: dict) -> str:
     done = sum(c["n"] for c in d["cells"].values())
     total = len(d["cells"]) * len(d["seeds"])
-    status = "complete" if done == total else f"**partial: {done} of {total} runs finished**"
+    status = ("complete" if d["complete"] and all(d["complete"].values()) else
+              f"**partial: {done} of {total} runs finished**" + ("" if done < total else
+                                                                 ", and the design's other tiers, seeds or deep cell "
+                                                                 "are not in"))
     parts = [f"# The regime grid ({status})", f"Rule (fixed before any run): {d['rule']}.",
              f"Every run: `{d['common']}` with its cell's flags; {d['steps']} steps (the deep cell: "
              f"{d['deep']['why'] if d['deep']['run'] else 'not run, ' + d['deep']['why']}); seeds "
@@ -159,12 +190,12 @@ def report_md(d: dict) -> str:
         rs = list(e["runs"].values())
         s = d["settings"].get(c.split("/")[0].split("-")[0], {})
         mean = lambda k: fmt(_mean([r[k] for r in rs]))  # noqa: E731
-        gn = sorted(r["max_grad_norm"] for r in rs if r["max_grad_norm"] is not None)
+        gn = [r["max_grad_norm"] for r in rs if r["max_grad_norm"] is not None]
         falls = sorted(r["collapse_step"] for r in rs if r["collapse_step"] is not None)
         parts[-1] += (f"\n| {c} | {fmt(s.get('router_flip_rate'))} / {fmt(s.get('token_flip_rate'))} | "
                       f"{e['collapsed']} of {e['n']}{' @ ' + str(falls) if falls else ''} | {mean('best_heldout')} / "
                       f"{mean('final_heldout')} | {mean('heldout_area')} | {mean('max_drawdown')} | "
-                      f"{fmt(gn[len(gn) // 2] if gn else None)} | {mean('mean_kl')} | {mean('kl_trend')} |")
+                      f"{fmt(statistics.median(gn) if gn else None)} | {mean('mean_kl')} | {mean('kl_trend')} |")
     parts += ["## Tests", f"Pre-registered: {d['tests_text']}.",
               "\n".join(["| a | b | metric | a vs b | effect (a - b) | p |", "|---|---|---|---|---|---|"] +
                         [f"| {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])} | {t['p']:.3g} |"
@@ -184,8 +215,14 @@ def report_md(d: dict) -> str:
     lines = []
     for k, e in d["dose"].items():
         iv = e.get("x50_interval")
-        lines.append(f"| {k} | {e['collapsed']} of {e['runs']} | {e['a']:.3g} | {e['b']:.3g} | {fmt(e['x50'])} | "
-                     + (f"[{fmt(iv['lo'])}, {fmt(iv['hi'])}], not reached in {iv['not_reached']:.0%} of draws"
+        if e["a"] is None:
+            fit = f"no fit: {'every' if e['collapsed'] else 'no'} run collapsed | — | —"
+        else:
+            fit = (f"{e['a']:.3g} | {e['b']:.3g} | {fmt(e['x50'])}" +
+                   (f" (beyond the measured {fmt(e['range'][0])}-{fmt(e['range'][1])})" if e.get("x50_beyond") else ""))
+        lines.append(f"| {k} | {e['collapsed']} of {e['runs']} | {fit} | "
+                     + (f"[{fmt(iv['lo'])}, {fmt(iv['hi'])}]; of the draws, {iv['passed']:.0%} above 50 % already "
+                        f"at {fmt(iv['range'][0])}, {iv['not_reached']:.0%} not reaching it by {fmt(iv['range'][1])}"
                         if iv else "—") + " |")
     parts += ["## Dose-response (logistic fit of collapse on the position's flip rate at the start of RL)",
               "\n".join(["| flip rate / arm | collapsed | a | b | 50 % at | 95 % interval (bootstrap) |",
