@@ -14,7 +14,7 @@ import statistics
 
 from experiments.regime import design
 from experiments.rules import max_drawdown, sustained_collapse
-from experiments.stats import TOL, fisher_exact, holm, paired_permutation_test
+from experiments.stats import TOL, fisher_exact, holm, paired_permutation_test, t_interval
 from experiments.sweep import set_flag
 
 
@@ -97,11 +97,15 @@ def pairs(cells: list[str], paper: str) -> list[tuple[str, str]]:
     return out
 
 
-def _paired(a: dict, b: dict, key: str) -> tuple[float | None, float, int]:
-    """(mean of a - b, paired permutation p, pairs) over the seeds both cells finished. Records keep 7 significant
-    digits, so equal drawdowns can differ by ~1e-7: the test counts ties at experiments.stats.TOL."""
+def _paired(a: dict, b: dict, key: str) -> tuple[float | None, float, int, float | None, float | None]:
+    """(mean of a - b, paired permutation p, pairs, 95 % t interval of the mean: lo, hi) over the seeds both cells
+    finished (no interval below two pairs). Records keep 7 significant digits, so equal drawdowns can differ by ~1e-7:
+    the test counts ties at experiments.stats.TOL."""
     diffs = [a[s][key] - b[s][key] for s in sorted(set(a) & set(b)) if a[s][key] is not None and b[s][key] is not None]
-    return (statistics.fmean(diffs) if diffs else None), paired_permutation_test(diffs, tol=TOL), len(diffs)
+    lo = hi = None
+    if len(diffs) >= 2:
+        _, lo, hi = t_interval(diffs)
+    return (statistics.fmean(diffs) if diffs else None), paired_permutation_test(diffs, tol=TOL), len(diffs), lo, hi
 
 
 def compare(cells: dict, paper: str) -> list[dict]:
@@ -115,8 +119,8 @@ def compare(cells: dict, paper: str) -> list[dict]:
                         effect=ca["collapsed"] / ca["n"] - cb["collapsed"] / cb["n"],
                         counts=f"{ca['collapsed']}/{ca['n']} vs {cb['collapsed']}/{cb['n']}"))
         for key in ("heldout_area", "max_drawdown"):
-            effect, p, n = _paired(ca["runs"], cb["runs"], key)
-            res.append(dict(a=a, b=b, metric=key, p=p, effect=effect, counts=f"{n} paired seeds"))
+            effect, p, n, lo, hi = _paired(ca["runs"], cb["runs"], key)
+            res.append(dict(a=a, b=b, metric=key, p=p, effect=effect, lo=lo, hi=hi, counts=f"{n} paired seeds"))
     return res
 
 
@@ -129,7 +133,8 @@ def answer(ts: list[dict], complete: bool) -> dict:
         area = by.get((f"{p}/none/n4", f"{p}/r3/n4", "heldout_area"))
         if c is not None:
             rows.append(dict(position=p, counts=c["counts"], p=c["p"], effect=c["effect"],
-                             p_area=area["p"] if area else 1.0, area_effect=area["effect"] if area else None))
+                             p_area=area["p"] if area else 1.0, area_effect=area["effect"] if area else None,
+                             area_lo=area["lo"] if area else None, area_hi=area["hi"] if area else None))
     for key, adj in (("p", "p_holm"), ("p_area", "p_area_holm")):
         for r, q in zip(rows, holm([r[key] for r in rows])):
             r[adj] = q

@@ -173,6 +173,36 @@ def main(args, t0: float) -> dict:
     return data
 
 
+def with_interval(x, lo, hi) -> str:
+    return fmt(x) if lo is None else f"{fmt(x)} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def position_lines(d: dict) -> list[str]:
+    """One sentence of numbers per dial position with both arms finished on some seed."""
+    tests = {(t["a"], t["b"], t["metric"]): t for t in d["tests"]}
+    out = []
+    for p in design.POSITIONS:
+        none, r3 = d["cells"].get(f"{p}/none/n4"), d["cells"].get(f"{p}/r3/n4")
+        if not none or not r3 or not none["n"] or not r3["n"]:
+            continue
+        s = d["settings"].get(p, {})
+        t = {m: tests.get((f"{p}/none/n4", f"{p}/r3/n4", m)) for m in ("collapsed", "heldout_area", "max_drawdown")}
+        if None in t.values():
+            continue
+        mean = lambda c, k: fmt(_mean([r[k] for r in c["runs"].values()]))  # noqa: E731
+        out.append(
+            f"**{p}** ({fmt(s.get('router_flip_rate'), 100, spec='.1f')} % of routers, "
+            f"{fmt(s.get('token_flip_rate'), 100, spec='.1f')} % of tokens flipped at the start): no replay collapsed "
+            f"{none['collapsed']} of {none['n']}, R3 {r3['collapsed']} of {r3['n']} (Fisher p {t['collapsed']['p']:.3g}); "
+            f"held-out area {mean(none, 'heldout_area')} against {mean(r3, 'heldout_area')} (none - r3 "
+            f"{with_interval(t['heldout_area']['effect'], t['heldout_area']['lo'], t['heldout_area']['hi'])}, "
+            f"p {t['heldout_area']['p']:.3g}); largest drawdown {mean(none, 'max_drawdown')} against "
+            f"{mean(r3, 'max_drawdown')} (p {t['max_drawdown']['p']:.3g}); kl {mean(none, 'mean_kl')} against "
+            f"{mean(r3, 'mean_kl')}, its trend {mean(none, 'kl_trend')} against {mean(r3, 'kl_trend')} (log10, last "
+            f"100 steps over the first 100: above 0 rises).")
+    return out
+
+
 def report_md(d: dict) -> str:
     done = sum(c["n"] for c in d["cells"].values())
     total = len(d["cells"]) * len(d["seeds"])
@@ -197,16 +227,20 @@ def report_md(d: dict) -> str:
                       f"{mean('final_heldout')} | {mean('heldout_area')} | {mean('max_drawdown')} | "
                       f"{fmt(statistics.median(gn) if gn else None)} | {mean('mean_kl')} | {mean('kl_trend')} |")
     parts += ["## Tests", f"Pre-registered: {d['tests_text']}.",
-              "\n".join(["| a | b | metric | a vs b | effect (a - b) | p |", "|---|---|---|---|---|---|"] +
-                        [f"| {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])} | {t['p']:.3g} |"
-                         for t in d["tests"]])]
+              "\n".join(["| a | b | metric | a vs b | effect (a - b) [95 % t interval over seeds] | p |",
+                         "|---|---|---|---|---|---|"] +
+                        [f"| {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | "
+                         f"{with_interval(t['effect'], t.get('lo'), t.get('hi'))} | {t['p']:.3g} |" for t in d["tests"]])]
     a = d["answer"]
     parts += ["## The answer at 4 mini-steps (Holm over the five positions)",
-              "\n".join(["| position | none vs r3 collapsed | Fisher p | Holm p | held-out area (none - r3) | "
+              "\n".join(["| position | none vs r3 collapsed | Fisher p | Holm p | held-out area (none - r3) [95 % t] | "
                          "paired p | Holm p | R3 holds where no replay collapses |", "|---" * 8 + "|"] +
                         [f"| {r['position']} | {r['counts']} | {r['p']:.3g} | {r['p_holm']:.3g} | "
-                         f"{fmt(r['area_effect'])} | {r['p_area']:.3g} | {r['p_area_holm']:.3g} | "
+                         f"{with_interval(r['area_effect'], r.get('area_lo'), r.get('area_hi'))} | {r['p_area']:.3g} | "
+                         f"{r['p_area_holm']:.3g} | "
                          f"{'yes' if r['r3_holds'] else 'no'} |" for r in a["positions"]])]
+    parts += ["## At each position, in numbers (4 mini-steps, none against r3; the page's words are written from these)",
+              "\n".join(f"- {line}" for line in position_lines(d)) or "no finished pair yet"]
     pick = a["pick"]
     parts.append(f"Most separating setting ({d['selection_text']}): " + (
         "no tests yet" if pick is None else f"{pick['position']} (p = {pick['p']:.3g}, Holm {pick['p_holm']:.3g}); "
