@@ -53,7 +53,22 @@ def test_reward_credits_each_right_step_of_the_responses_own_walk():
     assert task.reward(right + [EOS], ex)[0] == 9 / 10  # one token too many
 
 
-@pytest.mark.parametrize("spec", ["walk:3", "walk:x", "walk:-4"])
+def test_exact_reward_pays_only_a_right_walk_and_never_a_loop():
+    """walk:T:exact: 1 for a right walk, 0 for anything else; the self-loop answer the per-position credit paid
+    62 / 65 in the regime study's walk demo (one looping symbol repeated, no EOS) earns nothing."""
+    partial, exact = make_task("walk:8"), make_task("walk:8:exact")
+    ex = exact.sample(1, torch.Generator().manual_seed(1))[0]
+    right = ex.answer + [EOS]
+    assert exact.reward(right, ex) == (1.0, dict(exact=True)) == partial.reward(right, ex)
+    loop = next(u for u in range(SYMBOLS) if u in WALK_GRAPH[u])
+    looped = [SYMBOL0 + loop] * 9
+    assert partial.reward(looped, ex)[0] >= 6 / 9 and exact.reward(looped, ex) == (0.0, dict(exact=False))
+    assert exact.reward(right[:-1], ex) == (0.0, dict(exact=False))
+    assert [a.answer for a in exact.sample(5, torch.Generator().manual_seed(2))] == \
+        [a.answer for a in partial.sample(5, torch.Generator().manual_seed(2))]  # the same walks to learn from
+
+
+@pytest.mark.parametrize("spec", ["walk:3", "walk:x", "walk:-4", "walk:64:partial", "walk::exact"])
 def test_bad_walk_lengths_are_refused(spec):
     with pytest.raises(InputError, match="walk:T with T >="):
         make_task(spec)

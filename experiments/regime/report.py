@@ -93,16 +93,16 @@ def write_regime(out: str, data: dict, t0: float) -> None:
             for r in runs:
                 rows.append(f"| {task} | {r['seed']} | {', '.join(f'{a:.2f}' for _, a in r['heldout'])} | "
                             f"{fmt(r['first_entropy'])} | {fmt(r['final_entropy'])} | {fmt(r['final_reward'])} |")
-        walk = next((t for t in demo if t.startswith("walk")), None)
+        walks = [t for t in demo if t.startswith("walk")]
         ent = {t: sum(r["final_entropy"] for r in runs) / len(runs) for t, runs in demo.items()}
         verdict = []
-        if walk:
+        for walk in walks:
             learned = [r["seed"] for r in demo[walk] if r["heldout"] and r["heldout"][-1][1] > 0]
             verdict.append(f"{walk} learns (held-out exact accuracy above 0 at the last evaluation): "
                            f"{'seeds ' + str(learned) if learned else '**no seed**'}.")
             verdict += [f"Its entropy over the last 50 steps: {fmt(ent[walk])} nats per token against {t}'s "
                         f"{fmt(ent[t])}: **{'above' if ent[walk] > ent[t] else 'not above'}** it."
-                        for t in demo if t != walk]
+                        for t in demo if not t.startswith("walk")]
         parts += ["Does the walk task learn and keep its entropy? The oracle engine, the grid's oracle/none/n4 flags "
                   "otherwise:", "\n".join(["| task | seed | held-out accuracy at each evaluation | entropy, step 0 | "
                                              "entropy, last 50 steps | reward, last step |", "|---" * 6 + "|"] + rows),

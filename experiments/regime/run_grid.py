@@ -193,7 +193,8 @@ def position_lines(d: dict) -> list[str]:
         out.append(
             f"**{p}** ({fmt(s.get('router_flip_rate'), 100, spec='.1f')} % of routers, "
             f"{fmt(s.get('token_flip_rate'), 100, spec='.1f')} % of tokens flipped at the start): no replay collapsed "
-            f"{none['collapsed']} of {none['n']}, R3 {r3['collapsed']} of {r3['n']} (Fisher p {t['collapsed']['p']:.3g}); "
+            f"{none['collapsed']} of {none['n']}, R3 {r3['collapsed']} of {r3['n']} "
+            f"(Fisher p {t['collapsed']['p']:.3g}); "
             f"held-out area {mean(none, 'heldout_area')} against {mean(r3, 'heldout_area')} (none - r3 "
             f"{with_interval(t['heldout_area']['effect'], t['heldout_area']['lo'], t['heldout_area']['hi'])}, "
             f"p {t['heldout_area']['p']:.3g}); largest drawdown {mean(none, 'max_drawdown')} against "
@@ -230,7 +231,8 @@ def report_md(d: dict) -> str:
               "\n".join(["| a | b | metric | a vs b | effect (a - b) [95 % t interval over seeds] | p |",
                          "|---|---|---|---|---|---|"] +
                         [f"| {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | "
-                         f"{with_interval(t['effect'], t.get('lo'), t.get('hi'))} | {t['p']:.3g} |" for t in d["tests"]])]
+                         f"{with_interval(t['effect'], t.get('lo'), t.get('hi'))} | {t['p']:.3g} |"
+                         for t in d["tests"]])]
     a = d["answer"]
     parts += ["## The answer at 4 mini-steps (Holm over the five positions)",
               "\n".join(["| position | none vs r3 collapsed | Fisher p | Holm p | held-out area (none - r3) [95 % t] | "
@@ -239,7 +241,8 @@ def report_md(d: dict) -> str:
                          f"{with_interval(r['area_effect'], r.get('area_lo'), r.get('area_hi'))} | {r['p_area']:.3g} | "
                          f"{r['p_area_holm']:.3g} | "
                          f"{'yes' if r['r3_holds'] else 'no'} |" for r in a["positions"]])]
-    parts += ["## At each position, in numbers (4 mini-steps, none against r3; the page's words are written from these)",
+    parts += ["## At each position, in numbers (4 mini-steps, none against r3; the page's words are written from "
+              "these)",
               "\n".join(f"- {line}" for line in position_lines(d)) or "no finished pair yet"]
     pick = a["pick"]
     parts.append(f"Most separating setting ({d['selection_text']}): " + (

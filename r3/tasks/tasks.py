@@ -7,7 +7,8 @@ One shared 16-token vocabulary:  0-9 digits | + | = | SORT | REV | <eos> | <pad>
 and 64 more symbols s0 .. s63 (ids 16-79) for the tasks that need a vocabulary with a tail:
   cipher   x1 .. xn =        →  PI(x1) .. PI(xn), <eos>   (PI: one fixed permutation; default n = 32)
   chain    s =               →  PI(s), PI(PI(s)), ... (T symbols), <eos>   (chain:T, default T = 256)
-  walk     s e =             →  any walk s → a1 → ... → aT = e on a fixed graph (out-degree 4), <eos>   (walk:T)
+  walk     s e =             →  any walk s → a1 → ... → aT = e on a fixed graph (out-degree 4), <eos>   (walk:T;
+                                walk:T:exact rewards only a right walk)
 A task's `vocab_size` is the vocabulary its model needs (`r3.train.warmup.preset_config` widens a preset to it).
 
 The cipher task is the headline setting's (README, "The headline"): after 80 supervised warm-up steps the toy
@@ -31,7 +32,8 @@ it (results/regime/regime.md, the walk demo): under GRPO with the oracle engine,
 the per-position credit below while no held-out walk ends on e, and its entropy falls to ~1e-3 nats per token, below
 the cipher's. The demo's sampled responses say how: by step 100 both seeds answer every prompt with one symbol
 repeated 64 times, a symbol with an edge to itself (WALK_GRAPH has three: s10, s12, s59), never reaching e and never
-stopping, so only the first step, the last and the EOS slot miss (62 or 63 of 65 positions credited). Its reward counts a position right when its
+stopping, so only the first step, the last and the EOS slot miss (62 or 63 of 65 positions credited). Its reward
+counts a position right when its
 symbol is a successor of the one the response put before it (the last one must also be e), and the EOS slot; the
 warm-up's reference answers are walks drawn uniformly among the right ones (`Walk.answer`). The graph (WALK_GRAPH)
 is fixed, strongly connected and aperiodic, so every (s, e) has right answers for any T >= WALK_MIN_T.
@@ -256,12 +258,17 @@ def _walk_steps(target: int, T: int) -> list:
 
 
 class Walk(Task):
-    """Walks of exactly T steps from s to e on WALK_GRAPH; see the module docstring."""
+    """Walks of exactly T steps from s to e on WALK_GRAPH; see the module docstring. `exact` (walk:T:exact): the
+    reward is 1 for a right walk (EOS included) and 0 otherwise, which no loop earns."""
     name = "walk"
     vocab_size = len(VOCAB)
     widens_positions = True
     max_prompt_len = 3
     max_answer_len = property(lambda self: self.max_len)
+
+    def __init__(self, min_len: int, max_len: int, exact: bool = False):
+        super().__init__(min_len, max_len)
+        self.exact = exact
 
     def example(self, g):
         s, e = torch.randint(0, SYMBOLS, (2,), generator=g).tolist()
@@ -290,6 +297,8 @@ class Walk(Task):
             hits += ok
             prev = tok
         right = hits == T + 1 and len(got) == T + 1
+        if self.exact:
+            return float(right), dict(exact=right)
         return hits / max(T + 1, len(got)), dict(exact=right)
 
 
@@ -298,7 +307,7 @@ TASKS = {"sort": Sort, "reverse": Reverse, "add": Add, "cipher": Cipher, "chain"
 
 def make_task(spec: str) -> Task:
     """'cipher', 'sort', 'reverse', 'add', optionally with a length range: 'sort:6-10', 'cipher:32-32'; 'chain' or
-    'chain:T', 'walk' or 'walk:T' (the answer length)."""
+    'chain:T', 'walk', 'walk:T' (the answer length) or 'walk:T:exact' (all-or-nothing reward)."""
     name, _, rng = spec.partition(":")
     if name not in TASKS:
         raise InputError(f"unknown task {name!r}; choose from {sorted(TASKS)} (optionally NAME:MIN-MAX)")
@@ -307,10 +316,12 @@ def make_task(spec: str) -> Task:
             raise InputError(f"bad answer length in task {spec!r}; expected e.g. 'chain:256'")
         return Chain(1, int(rng) if rng else 256)
     if name == "walk":
-        if rng and not (rng.isdigit() and int(rng) >= WALK_MIN_T):
-            raise InputError(f"bad walk length in task {spec!r}; expected walk:T with T >= {WALK_MIN_T}, e.g. "
-                             f"'walk:64'")
-        return Walk(1, int(rng) if rng else 64)
+        rng, _, credit = rng.partition(":")
+        if (rng and not (rng.isdigit() and int(rng) >= WALK_MIN_T)) or credit not in ("", "exact") or \
+                (credit and not rng):
+            raise InputError(f"bad walk task {spec!r}; expected walk:T with T >= {WALK_MIN_T}, optionally "
+                             f"walk:T:exact (reward 1 for a right walk, else 0), e.g. 'walk:64' or 'walk:64:exact'")
+        return Walk(1, int(rng) if rng else 64, exact=credit == "exact")
     lo, hi = dict(add=(2, 4), cipher=(32, 32)).get(name, (6, 10))
     if rng:
         try:
