@@ -207,8 +207,8 @@ def test_dose_fits_only_when_runs_differ_and_marks_a_crossing_beyond_the_data():
     outside the measured flip rates is marked; the bootstrap counts draws already past 50 % apart."""
     from experiments.regime.run_grid import dose
     from experiments.stats import bootstrap_crossing
-    cal = dict(table={p: {"start": {"router_flip_rate": {"mean": 0.03 + 0.08 * i},
-                                    "token_flip_rate": {"mean": 0.1 + 0.2 * i}}} for i, p in enumerate(design.POSITIONS)})
+    start = lambda i: {"router_flip_rate": {"mean": 0.03 + 0.08 * i}, "token_flip_rate": {"mean": 0.1 + 0.2 * i}}  # noqa
+    cal = dict(table={p: {"start": start(i)} for i, p in enumerate(design.POSITIONS)})
     fell = run_row(None, rows_of([1e-3] * 200, [0.2, 0.6, 0.1, 0.05]))
     held = run_row(None, rows_of([1e-3] * 200, [0.5] * 4))
     cells = {f"{p}/none/n4": cell_entry({s: fell for s in range(4)}) for p in design.POSITIONS}
