@@ -265,7 +265,8 @@ REGISTRY = (
                "the strongest position, 1000 steps), the depth rule's warm-ups (up to 48 layers), the walk task and "
                "its demo (regime.md names the parts still pending); one JSON per measurement in measure/, made once and reused. The quick check remakes seed "
                "0's start measurements exactly. Wall measured beside other work on 2 shared cores (several hours)"),
-    Entry("regime_grid", "results/regime", ("grid.json", "grid.md", "grid.png", "dose.png", "records/*.jsonl.gz"),
+    Entry("regime_grid", "results/regime", ("grid.json", "grid.md", "grid.png", "kl.png", "dose.png",
+                                              "records/*.jsonl.gz"),
           ("python -m experiments.regime --grid --jobs 2 --out {out}",), wall_s=90000,
           check_commands=("python -m experiments.regime --report --records results/regime/records "
                           "--calibration results/regime/regime.json --out {out}",), check_wall_s=30, quick=True,

@@ -197,7 +197,9 @@ def test_grid_report_and_figures_from_finished_runs(tmp_path):
     assert "**partial: 70 of 80 runs finished**" in md and "| lv3/none/n4 |" in md and "provisional" in md
     assert "no replay collapsed 8 of 8, R3 0 of 8 (Fisher p 0.000155)" in md  # lv3: every no-replay seed fell
     assert "(none - r3 -0.337 [-0.337, -0.337], p 0.00781)" in md  # every seed the same difference: 2 / 2^8
-    plots.grid_figure(cells, rows_by, cal, str(tmp_path / "grid.png"))
+    for name in plots.FIGURES:
+        plots.grid_figure(cells, rows_by, cal, str(tmp_path / name), name)
+        assert (tmp_path / name).stat().st_size > 10_000
     plots.dose_figure(data, cal, str(tmp_path / "dose.png"))
     assert (tmp_path / "grid.png").stat().st_size > 10_000 and (tmp_path / "dose.png").stat().st_size > 10_000
 

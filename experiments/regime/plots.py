@@ -1,5 +1,5 @@
-"""The regime grid's figures: every run's held-out curve per cell (grid.png), and the dose-response with survival
-curves (dose.png)."""
+"""The regime grid's figures: every run's held-out curve per cell (grid.png), every run's train-inference kl over
+training per cell (kl.png), and the dose-response with survival curves (dose.png)."""
 import matplotlib
 
 matplotlib.use("Agg")
@@ -10,9 +10,30 @@ from experiments.regime import design
 ARM_COLORS = {"none": "tab:red", "r3": "tab:blue", "r2": "tab:green"}
 
 
-def grid_figure(cells: dict, rows_by: dict, cal: dict, path: str) -> None:
+FIGURES = {  # file: (row key, y label, log scale, title, smoothing window in steps)
+    "grid.png": ("eval/accuracy", "held-out accuracy", False,
+                 "every run: held-out accuracy (sampled by the engine); dashed and thick: a sustained collapse", 1),
+    "kl.png": ("kl", "kl (k3), sampled tokens", True,
+               "every run: train-inference kl over training (mean of 25-step windows; axis from 1e-7: the fp32 oracle's "
+               "~1e-14 lies below it); dashed and thick: a sustained collapse", 25)}
+LOG_YLIM = (1e-7, 3.0)
+
+
+def _smooth(pts: list, window: int) -> list:
+    """Means of `window`-step windows (by step), so a per-step metric reads as a curve."""
+    if window <= 1:
+        return pts
+    out = {}
+    for x, y in pts:
+        out.setdefault(x // window, []).append(y)
+    return [((k + 0.5) * window, sum(v) / len(v)) for k, v in sorted(out.items())]
+
+
+def grid_figure(cells: dict, rows_by: dict, cal: dict, path: str, name: str = "grid.png") -> None:
     """Rows: the arms (none, r3, then the other cells); columns: the dial positions. Every run is a line (thicker
-    when it collapsed by the sustained rule); the title gives the position's measured flips and the count."""
+    when it collapsed by the sustained rule); the title gives the position's measured flips and the count. `name`
+    picks the metric (FIGURES)."""
+    key, ylabel, log, title, window = FIGURES[name]
     positions = list(design.POSITIONS)
     extra = [c for c in cells if c.split("/")[0] not in positions or c.split("/")[1] == "r2"
              or c.split("/")[2] != "n4"]
@@ -30,8 +51,8 @@ def grid_figure(cells: dict, rows_by: dict, cal: dict, path: str) -> None:
             e = cells.get(c, dict(collapsed=0, n=0, runs={}))
             color = ARM_COLORS.get(c.split("/")[1], "0.4")
             for s, r in e["runs"].items():
-                pts = [(x["step"], x["eval/accuracy"]) for x in rows_by.get((c, s), []) if x.get("eval/accuracy")
-                       is not None]
+                pts = _smooth([(x["step"], x[key]) for x in rows_by.get((c, s), []) if x.get(key) is not None
+                               and (not log or x[key] > 0)], window)
                 if pts:
                     fell = r["collapse_step"] is not None
                     ax.plot(*zip(*pts), color=color, lw=1.6 if fell else 0.7, alpha=0.9 if fell else 0.5,
@@ -41,13 +62,16 @@ def grid_figure(cells: dict, rows_by: dict, cal: dict, path: str) -> None:
             mark = " (paper)" if setting == cal["paper_matched"] else ""
             ax.set_title(f"{c}{mark}\n{'' if flips is None else f'tokens flipped {flips:.0%}, '}"
                          f"{e['collapsed']}/{e['n']} fell", fontsize=8)
-            ax.set_ylim(-0.02, 1.02)
+            if log:
+                ax.set_yscale("log")
+                ax.set_ylim(*LOG_YLIM)
+            else:
+                ax.set_ylim(-0.02, 1.02)
             if j == 0:
-                ax.set_ylabel("held-out accuracy")
+                ax.set_ylabel(ylabel)
             if i == len(layout) - 1:
                 ax.set_xlabel("step")
-    fig.suptitle("every run: held-out accuracy (sampled by the engine); dashed and thick: a sustained collapse",
-                 fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

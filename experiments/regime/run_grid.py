@@ -3,8 +3,8 @@
 Reads OUT/regime.json (the committed calibration: the paper-matched position, the deep preset's depth and step time,
 the walk length, the steps per run); refuses to start without it. Runs tier by tier, seed-major within a tier, so a
 partial grid is balanced; finished runs leave records in OUT/records (committed), from which every table is made.
-Writes OUT/grid.{json,md,png} and OUT/dose.png (collapse and held-out area against the measured flip rates, the
-logistic fits, survival curves).
+Writes OUT/grid.{json,md,png}, OUT/kl.png (every run's kl over training) and OUT/dose.png (collapse and held-out
+area against the measured flip rates, the logistic fits, survival curves).
 """
 import json
 import os
@@ -167,7 +167,8 @@ def main(args, t0: float) -> dict:
                 cells=cells, tests=ts, answer=ans, dose=dr, survival=surv)
     md = report_md(data)
     write_results(os.path.join(args.out, "grid.json"), data, md=md, t0=t0)
-    plots.grid_figure(cells, rows_by, cal, os.path.join(args.out, "grid.png"))
+    for name in plots.FIGURES:
+        plots.grid_figure(cells, rows_by, cal, os.path.join(args.out, name), name)
     plots.dose_figure(data, cal, os.path.join(args.out, "dose.png"))
     print(md)
     return data
