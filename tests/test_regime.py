@@ -128,6 +128,11 @@ def test_run_row_numbers():
     assert r["kl_trend"] == pytest.approx(1.0) and r["heldout_area"] == pytest.approx(0.2375)
     assert r["max_drawdown"] == pytest.approx(0.55) and r["collapse_step"] == 149 and r["best_heldout"] == 0.6
     assert kl_trend([dict(step=0, kl=None)]) is None
+    assert r["median_max_log_ratio"] is None and r["steps_log_ratio_over_10"] is None  # not logged: no number
+    for i, x in enumerate(rows):
+        x["grpo/max_abs_log_ratio"] = [0.5, 12.0, 3.0][i % 3]
+    r = run_row("abc", rows)
+    assert r["median_max_log_ratio"] == 3.0 and r["steps_log_ratio_over_10"] == 67  # steps 1, 4, ..., 199
 
 
 def test_tests_and_answer_read_the_predicted_direction():

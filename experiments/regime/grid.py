@@ -2,7 +2,9 @@
 
   cell_run(cell, seed, ...)    (run folder, train.py flags, steps) of one run of cell SETTING/ARM/nN
   run_row(head, rows)          a run's numbers (RULE_TEXT): collapse step, best / final held-out, held-out area,
-                               largest drawdown, max grad norm, mean kl and its trend, flips over training
+                               largest drawdown, max grad norm, mean kl and its trend, flips over training; and,
+                               descriptive (added after the grid began, no test reads them), the median over steps of
+                               the step's largest |log r| of a sampled token and the steps where it passed 10
   compare(cells, paper)        TESTS_TEXT's pairs: Fisher on collapse counts, paired permutation on held-out area and
                                drawdown
   answer(ts)                   the Holm-corrected reading at 4 mini-steps and SELECTION_TEXT's pick
@@ -69,11 +71,13 @@ def run_row(commit: str | None, rows: list[dict]) -> dict:
     accs = [r["eval/accuracy"] for r in rows if r.get("eval/accuracy") is not None]
     trainer = [r["eval/accuracy_greedy_trainer"] for r in rows if r.get("eval/accuracy_greedy_trainer") is not None]
     finite = [r["grad_norm"] for r in rows if math.isfinite(r["grad_norm"])]
+    ratio = [r["grpo/max_abs_log_ratio"] for r in rows if r.get("grpo/max_abs_log_ratio") is not None]
     return dict(collapse_step=step, why=why, best_heldout=max(accs, default=None),
                 final_heldout=accs[-1] if accs else None, heldout_area=_mean(accs),
                 final_trainer_greedy=trainer[-1] if trainer else None, max_drawdown=max_drawdown(rows),
                 max_grad_norm=max(finite, default=None), mean_kl=_mean([r.get("kl") for r in rows]),
-                kl_trend=kl_trend(rows), mean_router_flips=_mean([r.get("router_flip_rate") for r in rows]),
+                kl_trend=kl_trend(rows), median_max_log_ratio=statistics.median(ratio) if ratio else None,
+                steps_log_ratio_over_10=sum(x > 10 for x in ratio) if ratio else None, mean_router_flips=_mean([r.get("router_flip_rate") for r in rows]),
                 mean_token_flips=_mean([r.get("token_flip_rate") for r in rows]),
                 first_reward=rows[0]["reward"] if rows else None, steps=len(rows),
                 commit=commit[:10] if commit else None)

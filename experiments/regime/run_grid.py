@@ -217,7 +217,8 @@ def report_md(d: dict) -> str:
              f"{d['deep']['why'] if d['deep']['run'] else 'not run, ' + d['deep']['why']}); seeds "
              f"{d['seeds']}; tiers {d['tiers']}; paper-matched position {d['paper_matched']}.",
              "| cell | routers / tokens flipped (start) | collapsed | best / final held-out (mean) | held-out area | "
-             "max drawdown (mean) | median max grad norm | mean kl | kl trend (mean) |\n" + "|---" * 9 + "|"]
+             "max drawdown (mean) | median max grad norm | mean kl | kl trend (mean) | step max \\|log r\\|: median, "
+             "steps > 10 (mean; descriptive) |\n" + "|---" * 10 + "|"]
     for c, e in d["cells"].items():
         rs = list(e["runs"].values())
         s = d["settings"].get(c.split("/")[0].split("-")[0], {})
@@ -227,7 +228,8 @@ def report_md(d: dict) -> str:
         parts[-1] += (f"\n| {c} | {fmt(s.get('router_flip_rate'))} / {fmt(s.get('token_flip_rate'))} | "
                       f"{e['collapsed']} of {e['n']}{' @ ' + str(falls) if falls else ''} | {mean('best_heldout')} / "
                       f"{mean('final_heldout')} | {mean('heldout_area')} | {mean('max_drawdown')} | "
-                      f"{fmt(statistics.median(gn) if gn else None)} | {mean('mean_kl')} | {mean('kl_trend')} |")
+                      f"{fmt(statistics.median(gn) if gn else None)} | {mean('mean_kl')} | {mean('kl_trend')} | "
+                      f"{mean('median_max_log_ratio')}, {mean('steps_log_ratio_over_10')} |")
     parts += ["## Tests", f"Pre-registered: {d['tests_text']}.",
               "\n".join(["| a | b | metric | a vs b | effect (a - b) [95 % t interval over seeds] | p |",
                          "|---|---|---|---|---|---|"] +
