@@ -31,11 +31,11 @@ deterministic, unlike the one-answer cipher, whose mismatch vanishes as its entr
 it (results/regime/regime.md, the walk demo): under GRPO with the oracle engine, walk:64's reward climbs to 0.96 on
 the per-position credit below while no held-out walk ends on e, and its entropy falls to ~1e-3 nats per token, below
 the cipher's. The demo's sampled responses say how: by step 100 both seeds answer every prompt with one symbol
-repeated 64 times, a symbol with an edge to itself (WALK_GRAPH has three: s10, s12, s59), never reaching e and never
-stopping, so only the first step, the last and the EOS slot miss (62 or 63 of 65 positions credited). Its reward
-counts a position right when its
-symbol is a successor of the one the response put before it (the last one must also be e), and the EOS slot; the
-warm-up's reference answers are walks drawn uniformly among the right ones (`Walk.answer`). The graph (WALK_GRAPH)
+repeated to the length cap, a symbol with an edge to itself (WALK_GRAPH has three: s10, s12, s59), never reaching e
+and never stopping, so only the first step, the last and the EOS slot miss (62 or 63 of 65 positions credited);
+walk:T:exact's all-or-nothing reward pays no loop (it learns slowly at T = 16 and not at T = 64, docs/regime.md).
+Its reward counts a position right when its symbol is a successor of the one the response put before it (the last
+one must also be e), and the EOS slot; the warm-up's reference answers are walks drawn uniformly among the right ones (`Walk.answer`). The graph (WALK_GRAPH)
 is fixed, strongly connected and aperiodic, so every (s, e) has right answers for any T >= WALK_MIN_T.
 
 Held-out split: `prompt_split(prompt)` puts about one prompt in EVAL_MOD in "eval", by a hash of its content, so the
