@@ -118,8 +118,8 @@ def bootstrap_crossing(xs: list[float], ys: list[int], draws: int = 2000, seed: 
     for _ in range(draws):
         idx = [rng.randrange(n) for _ in range(n)]
         ys_b = [ys[i] for i in idx]
-        if sum(ys_b) in (0, n):
-            passed += sum(ys_b) == n
+        if (k := sum(ys_b)) in (0, n):
+            passed += k == n
             continue
         c = crossing(*logistic_fit([xs[i] for i in idx], ys_b), level)
         if c is not None and c < lo:

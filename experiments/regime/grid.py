@@ -77,7 +77,8 @@ def run_row(commit: str | None, rows: list[dict]) -> dict:
                 final_trainer_greedy=trainer[-1] if trainer else None, max_drawdown=max_drawdown(rows),
                 max_grad_norm=max(finite, default=None), mean_kl=_mean([r.get("kl") for r in rows]),
                 kl_trend=kl_trend(rows), median_max_log_ratio=statistics.median(ratio) if ratio else None,
-                steps_log_ratio_over_10=sum(x > 10 for x in ratio) if ratio else None, mean_router_flips=_mean([r.get("router_flip_rate") for r in rows]),
+                steps_log_ratio_over_10=sum(x > 10 for x in ratio) if ratio else None,
+                mean_router_flips=_mean([r.get("router_flip_rate") for r in rows]),
                 mean_token_flips=_mean([r.get("token_flip_rate") for r in rows]),
                 first_reward=rows[0]["reward"] if rows else None, steps=len(rows),
                 commit=commit[:10] if commit else None)

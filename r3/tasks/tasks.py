@@ -35,8 +35,9 @@ repeated to the length cap, a symbol with an edge to itself (WALK_GRAPH has thre
 and never stopping, so only the first step, the last and the EOS slot miss (62 or 63 of 65 positions credited);
 walk:T:exact's all-or-nothing reward pays no loop (it learns slowly at T = 16 and not at T = 64, docs/regime.md).
 Its reward counts a position right when its symbol is a successor of the one the response put before it (the last
-one must also be e), and the EOS slot; the warm-up's reference answers are walks drawn uniformly among the right ones (`Walk.answer`). The graph (WALK_GRAPH)
-is fixed, strongly connected and aperiodic, so every (s, e) has right answers for any T >= WALK_MIN_T.
+one must also be e), and the EOS slot; the warm-up's reference answers are walks drawn uniformly among the right
+ones (`Walk.answer`). The graph (WALK_GRAPH) is fixed, strongly connected and aperiodic, so every (s, e) has right
+answers for any T >= WALK_MIN_T.
 
 Held-out split: `prompt_split(prompt)` puts about one prompt in EVAL_MOD in "eval", by a hash of its content, so the
 split is the same on every machine, seed and run. `sample(n, g, split="train")` never returns an eval prompt (it
