@@ -250,6 +250,8 @@ def test_report_median_and_completeness_and_record_rounding():
              predictions=["P"])
     md = report_md(d)
     assert "| 15 |" in md and "(complete)" not in md and "partial" in md
+    md = report_md({**d, "complete": {1: True, 2: False}, "progress": {"1": [104, 104], "2": [3, 48]}})
+    assert "; tier 1: 104 of 104, complete, tier 2: 3 of 48)" in md.split("\n")[0]
     a = {0: dict(max_drawdown=0.0625), 1: dict(max_drawdown=0.0390625)}
     b = {0: dict(max_drawdown=0.0), 1: dict(max_drawdown=0.0390624)}
     assert _paired(a, b, "max_drawdown")[1] == 1.0  # the second pair ties: one informative sign, p = 1

@@ -150,6 +150,10 @@ def main(args, t0: float) -> dict:
             done.setdefault(c, {})[s] = run_row(rec[0]["commit"], rec[1])
             rows_by[c, s] = rec[1]
     names = list(dict.fromkeys(c for _, c, *_ in runs))
+    progress = {}
+    for tier, c, s, *_ in runs:
+        progress.setdefault(str(tier), [0, 0])[1] += 1
+        progress[str(tier)][0] += s in done.get(c, {})
     cells = {c: cell_entry(done.get(c, {})) for c in names}
     complete = completeness(cells, cal, args)
     ts = compare(cells, cal["paper_matched"])
@@ -159,7 +163,7 @@ def main(args, t0: float) -> dict:
     data = dict(rule=design.RULE_TEXT, tests_text=design.TESTS_TEXT, selection_text=design.SELECTION_TEXT,
                 predictions=design.PREDICTIONS, common=design.COMMON, steps=cal["pilot"]["steps"],
                 deep_steps=deep_steps(cal, cal["pilot"]["steps"]), deep=dict(zip(("run", "why"), deep_runs(cal))),
-                seeds=list(args.seeds), tiers=args.tiers,
+                seeds=list(args.seeds), tiers=args.tiers, progress=progress,
                 complete=complete, paper_matched=cal["paper_matched"],
                 settings={p: dict(points=design.POSITIONS.get(p), **{k: cal["table"][p]["start"][k]["mean"] for k in
                                                                   ("router_flip_rate", "token_flip_rate", "exposure")})
@@ -212,6 +216,10 @@ def report_md(d: dict) -> str:
               f"**partial: {done} of {total} runs finished**" + ("" if done < total else
                                                                  ", and the design's other tiers, seeds or deep cell "
                                                                  "are not in"))
+    if d.get("progress") and status != "complete":
+        status += "; " + ", ".join(
+            f"tier {t}: {n} of {m}" + (", complete" if d["complete"].get(int(t), d["complete"].get(t)) else "")
+            for t, (n, m) in d["progress"].items())
     parts = [f"# The regime grid ({status})", f"Rule (fixed before any run): {d['rule']}.",
              f"Every run: `{d['common']}` with its cell's flags; {d['steps']} steps (the deep cell: "
              f"{d['deep']['why'] if d['deep']['run'] else 'not run, ' + d['deep']['why']}); seeds "
