@@ -127,3 +127,37 @@ def test_the_readme_quotes_the_measured_quickstart():
     steps = [h["step"] for h in q["heldout"]]
     assert steps == [50, 100, 150, 200] and q["steps"] == 200
     assert (f"reads {held[0]} at step 50, {held[1]} at 100, {held[2]} at 150 and {held[3]} at the end") in text
+
+
+def test_the_readme_quotes_the_regime_grid():
+    """The README's regime headline says what the committed results/regime/grid.json holds (which CI remakes from the
+    committed records): how far the grid is, every collapse count it quotes, the test at the strongest position and
+    the kl trends' ranges; 'only at the strongest position' only while no weaker position fell."""
+    import json
+
+    from experiments.regime import design
+    g = json.loads((ROOT / "results" / "regime" / "grid.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    cells, top, weak = g["cells"], design.STRONGEST, [p for p in design.POSITIONS if p != design.STRONGEST]
+    count = lambda n: "none" if n == 0 else str(n)  # noqa: E731
+    done, total = sum(n for n, _ in g["progress"].values()), sum(m for _, m in g["progress"].values())
+    if g["complete"]["1"]:
+        assert "tier 1 is complete" in text
+    else:
+        tier1 = design.tier_cells(g["paper_matched"], deep=False, walk=False)[1]
+        seeds = [s for s in design.SEEDS if all(str(s) in cells[c]["runs"] for c in tier1)]
+        assert f"{done} of {total} runs, tier 1 on seeds 0-{max(seeds)} of 0-{max(design.SEEDS)}" in text
+    none, r2, oracle = cells[f"{top}/none/n4"], cells[f"{top}/r2/n4"], cells["oracle/none/n4"]
+    weak_falls, weak_n = (sum(cells[f"{p}/none/n4"][k] for p in weak) for k in ("collapsed", "n"))
+    r3_falls, r3_n = (sum(cells[f"{p}/r3/n4"][k] for p in design.POSITIONS) for k in ("collapsed", "n"))
+    assert f"on {none['collapsed']} of {none['n']} seeds at `{top}`" in text
+    assert f"on {count(weak_falls)} of {weak_n} at the four weaker ones" in text
+    assert f"with R3 on {count(r3_falls)} of {r3_n} anywhere" in text
+    assert f"fell on {r2['collapsed']} of {r2['n']} at `{top}`; the fp32 oracle on {oracle['collapsed']} of " \
+           f"{oracle['n']}" in text
+    assert ("fell only at the strongest position" in text) == (weak_falls == 0)
+    row = next(r for r in g["answer"]["positions"] if r["position"] == top)
+    assert f"Fisher p {row['p']:.2g} (Holm over the five positions: {row['p_holm']:.2g})" in text
+    trend = lambda cs: [r["kl_trend"] for c in cs for r in cells[c]["runs"].values()]  # noqa: E731
+    for cs in ([f"{p}/none/n4" for p in weak], [f"{top}/none/n4"], [f"{p}/r3/n4" for p in design.POSITIONS]):
+        assert f"({min(trend(cs)):+.2f} to {max(trend(cs)):+.2f})" in text, cs
