@@ -161,3 +161,28 @@ def test_the_readme_quotes_the_regime_grid():
     trend = lambda cs: [r["kl_trend"] for c in cs for r in cells[c]["runs"].values()]  # noqa: E731
     for cs in ([f"{p}/none/n4" for p in weak], [f"{top}/none/n4"], [f"{p}/r3/n4" for p in design.POSITIONS]):
         assert f"({min(trend(cs)):+.2f} to {max(trend(cs)):+.2f})" in text, cs
+
+
+def test_the_regime_page_quotes_the_grid_at_each_position():
+    """docs/regime.md's line of numbers per dial position (4 mini-steps, none against R3) is what the committed
+    results/regime/grid.json holds: flip rates, collapse counts, Fisher p, held-out area with the paired effect, its
+    interval and p, drawdown and kl trend means."""
+    import json
+    import statistics
+
+    from experiments.regime import design
+    g = json.loads((ROOT / "results" / "regime" / "grid.json").read_text())
+    text = " ".join((ROOT / "docs" / "regime.md").read_text(encoding="utf-8").split())
+    tests = {(t["a"], t["b"], t["metric"]): t for t in g["tests"]}
+    for p in design.POSITIONS:
+        n, r, s = g["cells"][f"{p}/none/n4"], g["cells"][f"{p}/r3/n4"], g["settings"][p]
+        m = lambda c, k: statistics.fmean(x[k] for x in c["runs"].values())  # noqa: E731
+        tc, ta, td = (tests[f"{p}/none/n4", f"{p}/r3/n4", k] for k in ("collapsed", "heldout_area", "max_drawdown"))
+        line = (f"({100 * s['router_flip_rate']:.1f} % of routers, {100 * s['token_flip_rate']:.1f} % of tokens "
+                f"flipped at the start): no replay fell on {n['collapsed']} of {n['n']} seeds, R3 on {r['collapsed']} "
+                f"of {r['n']} (Fisher p {tc['p']:.2g}); held-out area {m(n, 'heldout_area'):.2f} against "
+                f"{m(r, 'heldout_area'):.2f} (none − R3 {ta['effect']:+.2f} [{ta['lo']:+.2f}, {ta['hi']:+.2f}], "
+                f"paired p {ta['p']:.2g}); largest drawdown {m(n, 'max_drawdown'):.2f} against "
+                f"{m(r, 'max_drawdown'):.2f} (p {td['p']:.2g}); kl trend {m(n, 'kl_trend'):+.2f} against "
+                f"{m(r, 'kl_trend'):+.2f}.")
+        assert f"**`{p}`**" in text and line in text, p
