@@ -133,6 +133,11 @@ def test_run_row_numbers():
         x["grpo/max_abs_log_ratio"] = [0.5, 12.0, 3.0][i % 3]
     r = run_row("abc", rows)
     assert r["median_max_log_ratio"] == 3.0 and r["steps_log_ratio_over_10"] == 67  # steps 1, 4, ..., 199
+    assert r["served_gap"] is None  # no greedy accuracies logged: no number
+    for x, (trainer, engine) in zip([x for x in rows if "eval/accuracy" in x], [(1.0, 0.75), (0.5, 0.5), (0.5, 0.0),
+                                                                               (0.75, None)]):
+        x.update({"eval/accuracy_greedy_trainer": trainer, "eval/accuracy_greedy": engine})
+    assert run_row("abc", rows)["served_gap"] == pytest.approx(0.25)  # (0.25 + 0 + 0.5) / 3: the fourth has no pair
 
 
 def test_tests_and_answer_read_the_predicted_direction():

@@ -72,12 +72,15 @@ def run_row(commit: str | None, rows: list[dict]) -> dict:
     trainer = [r["eval/accuracy_greedy_trainer"] for r in rows if r.get("eval/accuracy_greedy_trainer") is not None]
     finite = [r["grad_norm"] for r in rows if math.isfinite(r["grad_norm"])]
     ratio = [r["grpo/max_abs_log_ratio"] for r in rows if r.get("grpo/max_abs_log_ratio") is not None]
+    gap = [r["eval/accuracy_greedy_trainer"] - r["eval/accuracy_greedy"] for r in rows
+           if r.get("eval/accuracy_greedy_trainer") is not None and r.get("eval/accuracy_greedy") is not None]
     return dict(collapse_step=step, why=why, best_heldout=max(accs, default=None),
                 final_heldout=accs[-1] if accs else None, heldout_area=_mean(accs),
                 final_trainer_greedy=trainer[-1] if trainer else None, max_drawdown=max_drawdown(rows),
                 max_grad_norm=max(finite, default=None), mean_kl=_mean([r.get("kl") for r in rows]),
                 kl_trend=kl_trend(rows), median_max_log_ratio=statistics.median(ratio) if ratio else None,
                 steps_log_ratio_over_10=sum(x > 10 for x in ratio) if ratio else None,
+                served_gap=_mean(gap),  # the trainer's greedy accuracy minus the engine's, mean over evaluations
                 mean_router_flips=_mean([r.get("router_flip_rate") for r in rows]),
                 mean_token_flips=_mean([r.get("token_flip_rate") for r in rows]),
                 first_reward=rows[0]["reward"] if rows else None, steps=len(rows),

@@ -226,7 +226,8 @@ def report_md(d: dict) -> str:
              f"{d['seeds']}; tiers {d['tiers']}; paper-matched position {d['paper_matched']}.",
              "| cell | routers / tokens flipped (start) | collapsed | best / final held-out (mean) | held-out area | "
              "max drawdown (mean) | median max grad norm | mean kl | kl trend (mean) | step max \\|log r\\|: median, "
-             "steps > 10 (mean; descriptive) |\n" + "|---" * 10 + "|"]
+             "steps > 10 (mean; descriptive) | greedy accuracy, trainer - engine (mean; descriptive) |\n" +
+             "|---" * 11 + "|"]
     for c, e in d["cells"].items():
         rs = list(e["runs"].values())
         s = d["settings"].get(c.split("/")[0].split("-")[0], {})
@@ -237,7 +238,8 @@ def report_md(d: dict) -> str:
                       f"{e['collapsed']} of {e['n']}{' @ ' + str(falls) if falls else ''} | {mean('best_heldout')} / "
                       f"{mean('final_heldout')} | {mean('heldout_area')} | {mean('max_drawdown')} | "
                       f"{fmt(statistics.median(gn) if gn else None)} | {mean('mean_kl')} | {mean('kl_trend')} | "
-                      f"{mean('median_max_log_ratio')}, {mean('steps_log_ratio_over_10')} |")
+                      f"{mean('median_max_log_ratio')}, {mean('steps_log_ratio_over_10')} | "
+                      f"{mean('served_gap')} |")
     parts += ["## Tests", f"Pre-registered: {d['tests_text']}.",
               "\n".join(["| a | b | metric | a vs b | effect (a - b) [95 % t interval over seeds] | p |",
                          "|---|---|---|---|---|---|"] +
