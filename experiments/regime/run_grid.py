@@ -218,7 +218,7 @@ def report_md(d: dict) -> str:
                                                                  "are not in"))
     if d.get("progress") and status != "complete":
         status += "; " + ", ".join(
-            f"tier {t}: {n} of {m}" + (", complete" if d["complete"].get(int(t), d["complete"].get(t)) else "")
+            f"tier {t}: {n} of {m}" + (", complete" if d["complete"].get(int(t)) else "")
             for t, (n, m) in d["progress"].items())
     parts = [f"# The regime grid ({status})", f"Rule (fixed before any run): {d['rule']}.",
              f"Every run: `{d['common']}` with its cell's flags; {d['steps']} steps (the deep cell: "
