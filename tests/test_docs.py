@@ -164,9 +164,9 @@ def test_the_readme_quotes_the_regime_grid():
 
 
 def test_the_regime_page_quotes_the_grid_at_each_position():
-    """docs/regime.md's line of numbers per dial position (4 mini-steps, none against R3) is what the committed
-    results/regime/grid.json holds: flip rates, collapse counts, Fisher p, held-out area with the paired effect, its
-    interval and p, drawdown and kl trend means."""
+    """docs/regime.md's line of numbers per dial position (4 mini-steps, none against R3), and per tier-2 pair once
+    two seeds have finished both its arms, is what the committed results/regime/grid.json holds: flip rates, collapse
+    counts, Fisher p, held-out area with the paired effect, its interval and p, drawdown and kl trend means."""
     import json
     import statistics
 
@@ -174,10 +174,20 @@ def test_the_regime_page_quotes_the_grid_at_each_position():
     g = json.loads((ROOT / "results" / "regime" / "grid.json").read_text())
     text = " ".join((ROOT / "docs" / "regime.md").read_text(encoding="utf-8").split())
     tests = {(t["a"], t["b"], t["metric"]): t for t in g["tests"]}
-    for p in design.POSITIONS:
-        n, r, s = g["cells"][f"{p}/none/n4"], g["cells"][f"{p}/r3/n4"], g["settings"][p]
-        m = lambda c, k: statistics.fmean(x[k] for x in c["runs"].values())  # noqa: E731
-        tc, ta, td = (tests[f"{p}/none/n4", f"{p}/r3/n4", k] for k in ("collapsed", "heldout_area", "max_drawdown"))
+    st = design.STRONGEST
+    pm = g["paper_matched"]
+    said = {pm: ", the paper-matched position", st: ", the strongest"}
+    pairs = [(p, "n4", f"**`{p}`**" + said.get(p, "")) for p in design.POSITIONS]
+    pairs += [(p, "n1", f"**`{p}`, 1 mini-step**") for p in dict.fromkeys((st, pm))]
+    pairs += [(f"{st}-clip", "n4", f"**`{st}-clip`, the clipped update**")]
+    for p, k, head in pairs:
+        n, r, s = g["cells"][f"{p}/none/{k}"], g["cells"][f"{p}/r3/{k}"], g["settings"][p.split("-")[0]]
+        tc, ta, td = (tests.get((f"{p}/none/{k}", f"{p}/r3/{k}", x)) for x in ("collapsed", "heldout_area",
+                                                                                "max_drawdown"))
+        if k == "n1" or p != p.split("-")[0]:
+            if ta is None or ta["lo"] is None:
+                continue  # a tier-2 pair: held once two seeds have finished both its arms
+        m = lambda c, key: statistics.fmean(x[key] for x in c["runs"].values())  # noqa: E731
         line = (f"({100 * s['router_flip_rate']:.1f} % of routers, {100 * s['token_flip_rate']:.1f} % of tokens "
                 f"flipped at the start): no replay fell on {n['collapsed']} of {n['n']} seeds, R3 on {r['collapsed']} "
                 f"of {r['n']} (Fisher p {tc['p']:.2g}); held-out area {m(n, 'heldout_area'):.2f} against "
@@ -185,4 +195,4 @@ def test_the_regime_page_quotes_the_grid_at_each_position():
                 f"paired p {ta['p']:.2g}); largest drawdown {m(n, 'max_drawdown'):.2f} against "
                 f"{m(r, 'max_drawdown'):.2f} (p {td['p']:.2g}); kl trend {m(n, 'kl_trend'):+.2f} against "
                 f"{m(r, 'kl_trend'):+.2f}.")
-        assert f"**`{p}`**" in text and line in text, p
+        assert f"{head} {line}" in text, (p, k)

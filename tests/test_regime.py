@@ -262,6 +262,29 @@ def test_report_median_and_completeness_and_record_rounding():
     assert _paired(a, b, "max_drawdown")[1] == 1.0  # the second pair ties: one informative sign, p = 1
 
 
+def test_tier2_lines_pair_each_tier2_cell_with_its_r3_twin():
+    """Tier 2's report lines: none against R3 at 1 mini-step at the strongest and paper-matched positions and under
+    the clipped update, each with its own cells' counts and tests, and only once both arms have finished a seed."""
+    from experiments.regime.run_grid import report_md, tier2_lines
+    fell = run_row(None, rows_of([1e-3] * 200, [0.2, 0.6, 0.1, 0.05]))
+    held = run_row(None, rows_of([1e-3] * 200, [0.2, 0.6, 0.7, 0.8]))
+    st = design.STRONGEST
+    cells = {c: cell_entry({s: fell if c == f"{st}-clip/none/n4" and s < 3 else held for s in range(4)})
+             for c in design.tier_cells("lv7", deep=False, walk=False)[2]}
+    cells["lv7/r3/n1"] = cell_entry({})  # not started: its line waits
+    d = dict(cells=cells, tests=compare(cells, "lv7"), paper_matched="lv7",
+             settings={st: dict(router_flip_rate=0.367, token_flip_rate=0.834)})
+    lines = tier2_lines(d)
+    assert [x.split("**")[1] for x in lines] == [f"{st}, 1 mini-step", f"{st}-clip, 4 mini-steps, clipped update"]
+    assert "no replay collapsed 0 of 4, R3 0 of 4 (Fisher p 1)" in lines[0] and "36.7 % of routers" in lines[0]
+    assert "no replay collapsed 3 of 4, R3 0 of 4 (Fisher p 0.143)" in lines[1]  # two-sided: (4 + 4) / C(8, 3)
+    md = report_md(dict(d, complete={1: False, 2: False}, seeds=[0, 1, 2, 3], tiers=[1, 2], rule="R", common="--x",
+                        steps=800, deep=dict(run=False, why="w"), tests_text="T", selection_text="S", dose={},
+                        answer=dict(positions=[], pick=None, complete=False, separates=False), predictions=["P"]))
+    assert "## Tier 2, in numbers" in md and "--clip-low 0.2 --clip-high 0.28 --grad-clip 1.0" in md
+    assert f"- **{st}-clip, 4 mini-steps, clipped update**" in md
+
+
 def test_regime_report_from_the_committed_calibration_with_walk_rows(tmp_path):
     """The regime table's markdown, JSON and figure from the committed regime.json, with walk rows and a walk demo
     added: the walk length rule's outcome is said in words, both ways."""

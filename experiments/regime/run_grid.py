@@ -182,21 +182,18 @@ def with_interval(x, lo, hi) -> str:
     return fmt(x) if lo is None else f"{fmt(x)} [{fmt(lo)}, {fmt(hi)}]"
 
 
-def position_lines(d: dict) -> list[str]:
-    """One sentence of numbers per dial position with both arms finished on some seed."""
+def pair_line(d: dict, a: str, b: str, head: str) -> str | None:
+    """One sentence of numbers for none (`a`) against R3 (`b`), or None until both have a finished seed and a test."""
     tests = {(t["a"], t["b"], t["metric"]): t for t in d["tests"]}
-    out = []
-    for p in design.POSITIONS:
-        none, r3 = d["cells"].get(f"{p}/none/n4"), d["cells"].get(f"{p}/r3/n4")
-        if not none or not r3 or not none["n"] or not r3["n"]:
-            continue
-        s = d["settings"].get(p, {})
-        t = {m: tests.get((f"{p}/none/n4", f"{p}/r3/n4", m)) for m in ("collapsed", "heldout_area", "max_drawdown")}
-        if None in t.values():
-            continue
-        mean = lambda c, k: fmt(_mean([r[k] for r in c["runs"].values()]))  # noqa: E731
-        out.append(
-            f"**{p}** ({fmt(s.get('router_flip_rate'), 100, spec='.1f')} % of routers, "
+    none, r3 = d["cells"].get(a), d["cells"].get(b)
+    if not none or not r3 or not none["n"] or not r3["n"]:
+        return None
+    t = {m: tests.get((a, b, m)) for m in ("collapsed", "heldout_area", "max_drawdown")}
+    if None in t.values():
+        return None
+    s = d["settings"].get(a.split("/")[0].split("-")[0], {})
+    mean = lambda c, k: fmt(_mean([r[k] for r in c["runs"].values()]))  # noqa: E731
+    return (f"**{head}** ({fmt(s.get('router_flip_rate'), 100, spec='.1f')} % of routers, "
             f"{fmt(s.get('token_flip_rate'), 100, spec='.1f')} % of tokens flipped at the start): no replay collapsed "
             f"{none['collapsed']} of {none['n']}, R3 {r3['collapsed']} of {r3['n']} "
             f"(Fisher p {t['collapsed']['p']:.3g}); "
@@ -206,7 +203,22 @@ def position_lines(d: dict) -> list[str]:
             f"{mean(r3, 'max_drawdown')} (p {t['max_drawdown']['p']:.3g}); kl {mean(none, 'mean_kl')} against "
             f"{mean(r3, 'mean_kl')}, its trend {mean(none, 'kl_trend')} against {mean(r3, 'kl_trend')} (log10, last "
             f"100 steps over the first 100: above 0 rises).")
-    return out
+
+
+def position_lines(d: dict) -> list[str]:
+    """One sentence of numbers per dial position (4 mini-steps) with both arms finished on some seed."""
+    lines = (pair_line(d, f"{p}/none/n4", f"{p}/r3/n4", p) for p in design.POSITIONS)
+    return [x for x in lines if x]
+
+
+def tier2_lines(d: dict) -> list[str]:
+    """The same sentence for tier 2's none/r3 pairs: 1 mini-step at the strongest and paper-matched positions, and
+    the strongest under the clipped update real stacks use."""
+    st, pm = design.STRONGEST, d["paper_matched"]
+    pairs = [(f"{p}/none/n1", f"{p}/r3/n1", f"{p}, 1 mini-step") for p in dict.fromkeys((st, pm))]
+    pairs.append((f"{st}-clip/none/n4", f"{st}-clip/r3/n4", f"{st}-clip, 4 mini-steps, clipped update"))
+    lines = (pair_line(d, a, b, h) for a, b, h in pairs)
+    return [x for x in lines if x]
 
 
 def report_md(d: dict) -> str:
@@ -257,6 +269,10 @@ def report_md(d: dict) -> str:
     parts += ["## At each position, in numbers (4 mini-steps, none against r3; the page's words are written from "
               "these)",
               "\n".join(f"- {line}" for line in position_lines(d)) or "no finished pair yet"]
+    if 2 in d["tiers"]:
+        parts += ["## Tier 2, in numbers (none against r3; the clipped update: `" +
+                  " ".join(f"{k} {v}" for k, v in design.CLIP_FLAGS) + "`)",
+                  "\n".join(f"- {line}" for line in tier2_lines(d)) or "no finished pair yet"]
     pick = a["pick"]
     parts.append(f"Most separating setting ({d['selection_text']}): " + (
         "no tests yet" if pick is None else f"{pick['position']} (p = {pick['p']:.3g}, Holm {pick['p_holm']:.3g}); "
