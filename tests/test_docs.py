@@ -158,6 +158,17 @@ def test_the_readme_quotes_the_regime_grid():
     assert ("fell only at the strongest position" in text) == (weak_falls == 0)
     row = next(r for r in g["answer"]["positions"] if r["position"] == top)
     assert f"Fisher p {row['p']:.2g} (Holm over the five positions: {row['p_holm']:.2g})" in text
+    n1 = [c for c in cells if c.endswith("/n1")]
+    falls, runs = (sum(cells[c][k] for c in n1) for k in ("collapsed", "n"))
+    if runs:  # tier 2's sentence, once it has runs
+        said = "no run fell in either arm" if falls == 0 else f"{falls} of {runs} runs fell"
+        assert f"at 1 mini-step (no drift between sampling and the update) {said} at `{top}` or " \
+               f"`{g['paper_matched']}` ({runs} runs)" in text
+        cn, cr = cells[f"{top}-clip/none/n4"], cells[f"{top}-clip/r3/n4"]
+        p = next(t["p"] for t in g["tests"] if (t["a"], t["b"], t["metric"]) == (f"{top}-clip/none/n4",
+                                                                                 f"{top}-clip/r3/n4", "collapsed"))
+        assert f"no replay fell on {cn['collapsed']} of {cn['n']} seeds at `{top}-clip`" in text
+        assert f"R3 on {count(cr['collapsed'])} of {cr['n']} (Fisher p {p:.2g}, uncorrected" in text
     trend = lambda cs: [r["kl_trend"] for c in cs for r in cells[c]["runs"].values()]  # noqa: E731
     for cs in ([f"{p}/none/n4" for p in weak], [f"{top}/none/n4"], [f"{p}/r3/n4" for p in design.POSITIONS]):
         assert f"({min(trend(cs)):+.2f} to {max(trend(cs)):+.2f})" in text, cs
