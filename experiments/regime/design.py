@@ -71,6 +71,12 @@ MIN_STEPS, PILOT_STEPS, PILOT_SEEDS = 600, 1000, (0, 1)
 CLIP_FLAGS = (("--clip-low", "0.2"), ("--clip-high", "0.28"), ("--grad-clip", "1.0"), ("--old-logp", "trainer"))
 
 
+def base_setting(cell: str) -> str:
+    """The setting a cell's flip rates are measured under: SETTING/ARM/nN -> SETTING without its variant
+    (`lv3-clip/none/n4` -> `lv3`)."""
+    return cell.split("/")[0].partition("-")[0]
+
+
 def tier_cells(paper: str, deep: bool = True, walk: bool = True) -> dict:
     """{tier: [cells]} given the paper-matched position (a name from POSITIONS)."""
     t1 = [f"{p}/{a}/n4" for p in POSITIONS for a in ("none", "r3")]

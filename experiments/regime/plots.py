@@ -57,7 +57,7 @@ def grid_figure(cells: dict, rows_by: dict, cal: dict, path: str, name: str = "g
                     fell = r["collapse_step"] is not None
                     ax.plot(*zip(*pts), color=color, lw=1.6 if fell else 0.7, alpha=0.9 if fell else 0.5,
                             ls="-" if not fell else "--")
-            setting = c.split("/")[0].split("-")[0]
+            setting = design.base_setting(c)
             flips = cal["table"].get(setting, {}).get("start", {}).get("token_flip_rate", {}).get("mean")
             mark = " (paper)" if setting == cal["paper_matched"] else ""
             ax.set_title(f"{c}{mark}\n{'' if flips is None else f'tokens flipped {flips:.0%}, '}"

@@ -191,7 +191,7 @@ def pair_line(d: dict, a: str, b: str, head: str) -> str | None:
     t = {m: tests.get((a, b, m)) for m in ("collapsed", "heldout_area", "max_drawdown")}
     if None in t.values():
         return None
-    s = d["settings"].get(a.split("/")[0].split("-")[0], {})
+    s = d["settings"].get(design.base_setting(a), {})
     mean = lambda c, k: fmt(_mean([r[k] for r in c["runs"].values()]))  # noqa: E731
     return (f"**{head}** ({fmt(s.get('router_flip_rate'), 100, spec='.1f')} % of routers, "
             f"{fmt(s.get('token_flip_rate'), 100, spec='.1f')} % of tokens flipped at the start): no replay collapsed "
@@ -242,7 +242,7 @@ def report_md(d: dict) -> str:
              "|---" * 11 + "|"]
     for c, e in d["cells"].items():
         rs = list(e["runs"].values())
-        s = d["settings"].get(c.split("/")[0].split("-")[0], {})
+        s = d["settings"].get(design.base_setting(c), {})
         mean = lambda k: fmt(_mean([r[k] for r in rs]))  # noqa: E731
         gn = [r["max_grad_norm"] for r in rs if r["max_grad_norm"] is not None]
         falls = sorted(r["collapse_step"] for r in rs if r["collapse_step"] is not None)
