@@ -4,9 +4,13 @@
   python -m experiments.regime --grid          # the grid (tiers 1, 2; --tiers 1 2 3), resumable, --jobs 2
   python -m experiments.regime --report        # the grid's tables and figure from the runs finished so far
   python -m experiments.regime --start-only --seeds 0   # only seed 0's start-of-RL measurements (the quick check)
+  python -m experiments.regime --confirm       # round 5: the confirmation on fresh seeds 8-31 (confirm.py), --jobs 2
+  python -m experiments.regime --compare       # round 5: the comparison's other seven arms at lv3-clip, seeds 8-23
+  python -m experiments.regime --confirm --report   # round 5's tables from its records (results/regime/confirm)
 
 The design (dial positions, depth rule, steps rule, cells, collapse rule, tests, predictions) is fixed in
-experiments/regime/design.py before any measurement; docs/regime.md reads the results.
+experiments/regime/design.py before any measurement; docs/regime.md reads the results. Round 5's design is
+experiments/regime/confirm.py, fixed before its first run; docs/confirm.md reads its results.
 """
 import argparse
 import os
@@ -19,11 +23,17 @@ from r3.errors import run_main
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--grid", action="store_true", help="run the grid (after the calibration is committed)")
-    p.add_argument("--report", action="store_true", help="the grid's tables from the runs finished so far")
+    p.add_argument("--report", action="store_true", help="the grid's (or with --confirm / --compare, round 5's) "
+                   "tables from the runs finished so far")
+    p.add_argument("--confirm", action="store_true", help="round 5's confirmation (experiments/regime/confirm.py); "
+                   "--out defaults to results/regime/confirm")
+    p.add_argument("--compare", action="store_true", help="round 5's comparison arms (the same folder)")
     p.add_argument("--tiers", type=int, nargs="+", default=[1, 2], choices=[1, 2, 3], help="grid tiers to run")
-    p.add_argument("--seeds", type=int, nargs="+", default=list(design.SEEDS), help="seeds")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the design's: 0-7 for the "
+                   "grid and calibration; confirm.py's for --confirm / --compare)")
     p.add_argument("--jobs", type=int, default=2, help="runs / measurements in parallel (one thread each)")
-    p.add_argument("--out", default="results/regime", help="output folder (tables, measure/, records/)")
+    p.add_argument("--out", default=None, help="output folder (tables, measure/, records/; default results/regime, "
+                   "or results/regime/confirm with --confirm / --compare)")
     p.add_argument("--runs-dir", default=None, help="run folders (default OUT/runs; not committed)")
     p.add_argument("--skip", nargs="*", default=[], choices=["depth", "walk", "after", "pilot", "timing"],
                    help="calibration parts to leave out of this invocation (their rows stay pending)")
@@ -34,6 +44,19 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.confirm and args.compare:
+        p.error("--confirm and --compare run one part each: pass one of them")
+    if args.confirm or args.compare:
+        from experiments.regime import confirm
+        allowed = confirm.COMPARE_SEEDS if args.compare else confirm.CONFIRM_SEEDS
+        if args.seeds is not None and not set(args.seeds) <= set(allowed):
+            part = "comparison" if args.compare else "confirmation"
+            p.error(f"--seeds {' '.join(map(str, args.seeds))}: round 5's {part} runs seeds {allowed[0]}-"
+                    f"{allowed[-1]} only (seeds 0-7 were the exploration)")
+        args.out = args.out or os.path.join("results", "regime", "confirm")
+        return args
+    args.out = args.out or "results/regime"
+    args.seeds = list(design.SEEDS) if args.seeds is None else args.seeds
     args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
     args.records = args.records or os.path.join(args.out, "records")
     args.calibration = args.calibration or os.path.join(args.out, "regime.json")
@@ -43,6 +66,9 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     t0 = time.time()
+    if args.confirm or args.compare:
+        from experiments.regime import confirm_run
+        return confirm_run.main(args, t0)
     if args.grid or args.report:
         from experiments.regime import run_grid
         return run_grid.main(args, t0)
