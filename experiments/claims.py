@@ -44,14 +44,17 @@ chance that a given new kind fails for nothing, every time: its twins (`--cpu-re
 The committed summary must follow from its own per-seed values.
 """
 import argparse
+import functools
 import json
 import math
+import multiprocessing
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from experiments.common import fmt, markdown_table, write_results
 from experiments.stats import mean_sd, noncentral_t_sf, pooled_t, t_interval, t_quantile
@@ -112,7 +115,7 @@ def mismatch_seed(seed: int, args) -> dict:
     return out
 
 
-def quickstart_seed(seed: int, args, tmp: str) -> dict:
+def quickstart_seed(seed: int, args, *, tmp: str) -> dict:
     """One seed of the README's main job, as experiments.quickstart runs it, but --seed K and one evaluation."""
     from experiments.quickstart import COMMAND
     run = os.path.join(tmp, f"quickstart-s{seed}")
@@ -125,6 +128,11 @@ def quickstart_seed(seed: int, args, tmp: str) -> dict:
         last = [row for line in f if line.strip() and (row := json.loads(line)).get("eval/accuracy") is not None][-1]
     return dict(quickstart_accuracy=last["eval/accuracy"], quickstart_greedy=last["eval/accuracy_greedy"],
                 quickstart_step=last["step"] + 1)
+
+
+def _one_thread():
+    import torch
+    torch.set_num_threads(1)
 
 
 # -------------------------------------------------------------------------------------------------- summarizing
@@ -242,7 +250,7 @@ def remade_claims(committed_path: str, parts: list[str]) -> dict:
         with tempfile.TemporaryDirectory(prefix="claims-remade-") as tmp:
             out = os.path.join(tmp, "claims.json")
             cmd = [sys.executable, "-m", "experiments.claims", "--from", committed_path, "--parts", *todo,
-                   "--out", out]
+                   "--jobs", "2", "--out", out]
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
             r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
             if r.returncode != 0:
@@ -296,6 +304,8 @@ def parse_args(argv=None):
                    "keeps its own in .cache/warmup)")
     p.add_argument("--from", dest="source", default=None, metavar="CLAIMS_JSON",
                    help="take --seeds, --prompts, --warmup-steps and --train-flags from this claims file (a remake)")
+    p.add_argument("--jobs", type=int, default=1, help="seeds measured at once, one process and one thread each "
+                   "(the values do not depend on it)")
     p.add_argument("--out", default="results/claims.json", help="the claims (and .md beside it)")
     args = p.parse_args(argv)
     if args.source:
@@ -314,11 +324,16 @@ def main(argv=None) -> dict:
     torch.set_num_threads(1)
     t0, git = time.time(), git_state()  # the code this run imports (and train.py's, unless edited while it runs)
     per_seed, wall = {s: {} for s in args.seeds}, {}
-    with tempfile.TemporaryDirectory(prefix="claims-") as tmp:
+    spawn = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="claims-") as tmp, \
+            ProcessPoolExecutor(args.jobs, mp_context=spawn, initializer=_one_thread) as pool:
         for part in [p for p in PARTS if p in args.parts]:
             t1 = time.time()
-            for s in args.seeds:
-                per_seed[s] |= mismatch_seed(s, args) if part == "mismatch" else quickstart_seed(s, args, tmp)
+            fn = mismatch_seed if part == "mismatch" else functools.partial(quickstart_seed, tmp=tmp)
+            futures = {pool.submit(fn, s, args): s for s in args.seeds}  # one thread each: the values do not
+            for f in as_completed(futures):                               # depend on --jobs
+                s = futures[f]
+                per_seed[s] |= f.result()
                 got = " ".join(f"{n} {fmt(v)}" for n, v in per_seed[s].items() if n in CLAIMS)
                 print(f"[claims] {part} seed {s}, {time.time() - t1:.0f} s into the part: {got}", flush=True)
             wall[part] = round(time.time() - t1, 1)
@@ -326,7 +341,8 @@ def main(argv=None) -> dict:
     claims = {n: claim_record(n, list(args.seeds), [per_seed[s][n] for s in args.seeds]) for n in names}
     md = markdown(claims, args)
     print(md)
-    report = dict(args={k: v for k, v in vars(args).items() if k not in ("source", "out")}, level=LEVEL, alpha=ALPHA,
+    report = dict(args={k: v for k, v in vars(args).items() if k not in ("source", "out", "jobs")}, level=LEVEL,
+                  alpha=ALPHA,
                   interval=f"two-sided {LEVEL:.0%} t-interval over seeds; ratios on the log scale (geometric mean)",
                   claims=claims, per_seed=[dict(seed=s, **per_seed[s]) for s in args.seeds], wall_s=wall)
     write_results(args.out, report, t0=t0, md=md, git=git)

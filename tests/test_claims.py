@@ -3,6 +3,7 @@ claim's interval and verdict follow from its per-seed values, the interval check
 committed claims and fails one that contradicts them (outside the band, a strong claim no longer supported, a
 summary edited away from its values), experiments.reproduce picks exact, interval or skip by the CPU, and a tiny real
 remake runs end to end on a simulated unseen CPU."""
+import glob
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import pytest
 
 from experiments import claims as cl
 from experiments import reproduce as rp
+from experiments import seed_band
 from experiments.stats import noncentral_t_sf, t_cdf, t_interval, t_quantile
 
 ROOT = rp.ROOT
@@ -104,13 +106,65 @@ def test_reproduce_checks_exactly_where_this_cpu_has_a_reference_else_by_claims_
     kinds = {e.name: rp.check_kind(e) for e in rp.REGISTRY if not e.frozen}
     assert {n for n, k in kinds.items() if k == "claims: interval"} == {"mismatch_table", "inspect", "quickstart",
                                                                           "claims"}
-    assert {n for n, k in kinds.items() if k.startswith("skipped")} == {"mismatch_precisions"}
-    assert kinds["storage"] == kinds["staleness_grid"] == "exact"  # not per CPU: compared as before
+    assert {n for n, k in kinds.items() if k == "seeds: band"} == {"regime"}
+    assert kinds["storage"] == kinds["staleness_grid"] == kinds["regime_grid"] == "exact"  # not per CPU
+    assert kinds["mismatch_precisions"].startswith("skipped: its numbers are exact per kind of CPU, made on ")
     assert "--only mismatch_precisions --cpu-reference" in kinds["mismatch_precisions"]
+    assert rp.check_kind(rp.BY_NAME["quickstart"], quick=True).startswith("skipped in --quick on this kind of CPU")
+    assert rp.check_kind(rp.BY_NAME["inspect"], quick=True) == "claims: interval"
     # a skipped entry runs nothing and says so
     monkeypatch.setattr(rp, "run_commands", lambda *a, **k: pytest.fail("a skipped entry ran its commands"))
     assert rp.check(rp.BY_NAME["mismatch_precisions"]) == []
     assert "[mismatch_precisions] skipped: " in capsys.readouterr().out
+
+
+def test_every_entry_has_a_way_to_pass_on_a_kind_of_cpu_that_made_none_of_its_files(monkeypatch):
+    """The whole registry on a simulated unseen CPU (as `R3_CHECK_AS_CPU` sets it): an entry is compared exactly
+    only when it says why its numbers are the same on any CPU; a band's committed seeds exist and hold every key; a
+    claim's committed record exists; everything else is skipped with its one line. So the next study cannot land an
+    exact-only, model-made entry that fails on the first new CPU."""
+    monkeypatch.setenv("R3_CHECK_AS_CPU", UNSEEN)
+    assert rp.here() == UNSEEN
+    committed = json.load(open(os.path.join(ROOT, "results", "claims.json")))["claims"]
+    for e in rp.REGISTRY:
+        if e.frozen or not e.checks:
+            continue
+        for quick in (False, True):
+            kind = rp.check_kind(e, quick=quick)
+            if kind == "exact":
+                assert e.any_cpu, f"{e.name}: compared exactly on an unseen CPU but says nothing of why (any_cpu)"
+            elif kind == "seeds: band":
+                checked = {c.file for c in e.checks}
+                for b in e.bands:
+                    assert b.file in checked, f"{e.name}: band {b.file} is not a checked file"
+                    seeds = sorted(glob.glob(os.path.join(ROOT, e.out, b.seeds)))
+                    assert os.path.join(ROOT, e.out, b.file) in seeds and len(seeds) >= 2, (e.name, b.seeds)
+                    for path in seeds:
+                        data = json.load(open(path))
+                        assert all(math.isfinite(seed_band.value(data, k.name)) for k in b.keys), path
+                report, bad = seed_band.check(e.bands, os.path.join(ROOT, e.out), os.path.join(ROOT, e.out))
+                assert bad == [] and len(report) == sum(len(b.keys) for b in e.bands), e.name  # seed 0 vs its own
+            elif kind == "claims: interval":
+                assert cl.resting_on(e.name) and set(cl.resting_on(e.name)) <= set(committed), e.name
+                assert not (quick and e.quick and not e.quick_interval), e.name
+            else:
+                assert kind.startswith("skipped") and "\n" not in kind and "--" in kind, (e.name, kind)
+
+
+def test_a_seed_band_passes_a_fresh_draw_and_fails_a_changed_number():
+    key, ratio = seed_band.Key("kl", "log"), seed_band.Key("kl/kl_r3", "log", null=1.0, side=">")
+    committed = [0.02, 0.025, 0.03, 0.028, 0.022, 0.027, 0.024, 0.031]
+    assert seed_band.test(committed, 0.026, key, k=1)[0]
+    assert seed_band.test(committed, 0.012, key, k=1)[0]  # 2.1x below the mean: a wide band, still one draw
+    ok, line = seed_band.test(committed, 0.0026, key, k=1)  # ten times smaller: the code changed
+    assert not ok and "FAILS" in line
+    assert not seed_band.test([0.0] * 8, 1e-4, seed_band.Key("router_flip_rate"), k=1)[0]  # zero spread: equal only
+    assert seed_band.test([0.0] * 8, 0.0, seed_band.Key("router_flip_rate"), k=1)[0]
+    cut = [9.0, 10.0, 11.0, 12.0, 8.5, 10.5, 9.5, 11.5]
+    assert seed_band.test(cut, 7.0, ratio, k=1)[0]
+    ok, line = seed_band.test([1.2, 1.5, 1.1, 1.3, 1.4, 1.25, 1.35, 1.15], 0.9, ratio, k=1)
+    assert ok and "side" not in line  # the committed band holds 1: no side is claimed
+    assert seed_band.value(dict(kl=2.0, kl_r3=0.5), "kl/kl_r3") == 4.0
 
 
 def test_every_claim_rests_on_a_checked_entry_of_the_committed_file():
@@ -144,14 +198,15 @@ def test_a_tiny_remake_passes_on_an_unseen_cpu_and_fails_when_the_committed_clai
     path.write_text(json.dumps(data))
     (line,) = rp.check(entry, root=str(tmp_path))  # the remade claims are reused: same settings, same process
     assert line.startswith("results/claims.json: inspect_flipped_ratio: committed ") and "FAILS" in line
-    monkeypatch.setattr(rp, "check", lambda e, real=rp.check: real(e, root=str(tmp_path)))
+    monkeypatch.setattr(rp, "check", lambda e, real=rp.check, **kw: real(e, root=str(tmp_path), **kw))
     assert rp.main(["--check", "--only", "inspect"]) == 1
-    assert "1 entries checked (0 exact, 1 claims: interval), 0 skipped, 1 mismatches" in capsys.readouterr().out
+    assert ("1 entries: 0 exact, 1 by interval (1 claims, 0 seed bands), 0 skipped for this kind of CPU "
+            f"({UNSEEN}); 0 not checked (frozen or nothing to compare); 1 mismatches; took ") in capsys.readouterr().out
 
 
 def test_a_quickstart_seed_is_train_py_r3_with_that_seed(tmp_path):
     args = cl.parse_args(["--train-flags", "--steps 2 --warmup-steps 2 --eval-prompts 4 --prompts-per-step 2 "
                                            "--group-size 2"])
-    got = cl.quickstart_seed(3, args, str(tmp_path))
+    got = cl.quickstart_seed(3, args, tmp=str(tmp_path))
     assert got["quickstart_step"] == 2 and 0 <= got["quickstart_accuracy"] <= 1
     assert json.load(open(tmp_path / "quickstart-s3" / "args.json"))["seed"] == 3

@@ -123,7 +123,7 @@ def test_check_command_exits_non_zero_on_a_mismatch(tmp_path, monkeypatch, capsy
     data["rows"][0]["vs_int32"] = 3.5
     path.write_text(json.dumps(data, indent=1))
     real = rp.check
-    monkeypatch.setattr(rp, "check", lambda e: real(e, root=str(tmp_path)))
+    monkeypatch.setattr(rp, "check", lambda e, **kw: real(e, root=str(tmp_path), **kw))
     assert rp.main(["--check", "--only", "storage"]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH results/storage.json: rows[0] (geometry=Qwen3-30B-A3B, codec=bool_mask" in out
