@@ -12,12 +12,15 @@
                                  observed one; exact over every split up to EXACT_MAX splits, else Monte Carlo
                                  with a seeded generator (MC_DRAWS draws, the observed split counted)
 Both return 1.0 when a side is empty (no evidence either way).
+  wilson(k, n), newcombe(k1, n1, k2, n2)   score intervals of a collapse rate and of a difference of two
+                                 (Newcombe 1998, method 10), for the confirmation (experiments/regime/confirm.py)
   t_cdf, t_quantile, t_interval, pooled_t, noncentral_t_sf   Student's t (integer df, closed form) for the claims
                                  over seeds (experiments/claims.py): intervals, the two-sample test, replication odds
 """
 import itertools
 import math
 import random
+import statistics
 
 EXACT_MAX = 200_000
 MC_DRAWS = 100_000
@@ -216,3 +219,21 @@ def holm(ps: list[float]) -> list[float]:
         run = max(run, min(1.0, (len(ps) - rank) * ps[i]))
         adj[i] = run
     return adj
+
+
+def wilson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval of a proportion k / n ((0, 1) when n is 0)."""
+    if n == 0:
+        return 0.0, 1.0
+    z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
+    p = k / n
+    centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
+
+
+def newcombe(k1: int, n1: int, k2: int, n2: int, level: float = 0.95) -> tuple[float, float]:
+    """Newcombe's hybrid score interval (his method 10) of p1 - p2, from the two Wilson intervals."""
+    p1, p2 = k1 / n1, k2 / n2
+    (l1, u1), (l2, u2) = wilson(k1, n1, level), wilson(k2, n2, level)
+    d = p1 - p2
+    return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
