@@ -34,11 +34,11 @@ from r3.train.collect import (Rollout, advantages, my_shards, sample_shard, shar
                               shard_seed)
 from r3.train.config import RUN_DEFINING, TrainConfig, parse
 from r3.rollout.engine import Engine
-from r3.errors import run_main
+from r3.errors import Stopped, WriteError, run_main
 from r3.train.evaluate import evaluate
 from r3.train.fidelity import gradient_fidelity
-from r3.scale.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, global_sum, save_hf_checkpoint,
-                           setup_distributed, sync_engine)
+from r3.scale.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_max, global_mean, global_sum,
+                           save_hf_checkpoint, setup_distributed, sync_engine)
 from r3.train.grpo import MAX_METRICS, loss_denominator, policy_loss
 from r3.train.guard import CollapseGuard
 from r3.scale.hf import load_config
@@ -50,8 +50,10 @@ from r3.train.metrics import MISMATCH_KEYS, flip_stats, kl_k3
 from r3.runs.plots import log_scalars, tensorboard_writer
 from r3.runs.process import configure_cpu
 from r3.runs.provenance import earlier_segments, git_state, stamp
+from r3.runs.interrupt import Interrupts, go_on, hard_stop_line, stopped_line
 from r3.runs.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume,
-                               check_steps, read_metrics, truncate_metrics)
+                               check_steps, read_metrics, remove_snapshots, snapshot_steps, snapshots_to_keep,
+                               truncate_metrics)
 from r3.train.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
                             without_pass)
 from r3.tasks.tasks import make_task
@@ -67,24 +69,34 @@ def main(argv=None):
     if cfg.dry_run:
         return dry_run(cfg)
     run, start = setup(cfg)
-    stopped_on = None
+    stopped_on, step = None, start
     bar = tqdm(range(start, cfg.steps), desc=f"{cfg.mode}/{cfg.rollout_dtype}", initial=start, total=cfg.steps,
                disable=not run.lead)
-    for step in bar:
-        t0 = time.perf_counter()
-        measure = step % cfg.mismatch_every == 0  # this step logs the mismatch and the staleness flip rate
-        rollouts = collect(run, step, measure)
-        olds = [old_policy(run, r.batch, measure) for r in rollouts]
-        dump(run, rollouts, step)
-        fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
-        mini_steps = update(run, rollouts, olds, step, measure)
-        sync_engine(run.model, run.engine, run.plain)  # a server engine checks what it serves after the load
-        m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine))
-        stopped_on = log_guard_checkpoint(run, m, step, t0, bar)
-        if stopped_on:
-            break
-    bar.close()
+    # a signal ends the run at the next step boundary, a second one at once (r3/runs/interrupt.py)
+    stops = Interrupts(lead=run.lead, hard_stop=lambda signum: hard_stop_line(signum, run.out, run.world > 1))
+    try:
+        for step in bar:
+            t0 = time.perf_counter()
+            measure = step % cfg.mismatch_every == 0  # this step logs the mismatch and the staleness flip rate
+            rollouts = collect(run, step, measure)
+            olds = [old_policy(run, r.batch, measure) for r in rollouts]
+            dump(run, rollouts, step)
+            fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
+            mini_steps = update(run, rollouts, olds, step, measure)
+            sync_engine(run.model, run.engine, run.plain)  # a server engine checks what it serves after the load
+            m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine))
+            stopped_on = log_guard_checkpoint(run, m, step, t0, bar, stops)
+            if stopped_on or run.stopping:
+                break
+    except WriteError as e:  # a file of the run could not be written: the message says what is kept; how to go on
+        raise WriteError(e.errno, f"{e.strerror}; {go_on(run.out, run.world > 1)}") from e
+    finally:
+        bar.close()
+        stops.restore()
     finish(run, stopped_on)
+    if run.stopping:
+        raise Stopped(stopped_line(run.stopping, run.out, run.world > 1, step + 1) if run.lead else "",
+                      128 + run.stopping)
     return run.out
 
 
@@ -119,6 +131,8 @@ class Run:
     trainer_engine: Engine | None = None  # --eval-trainer: an fp32 engine of the trainer's weights
     examples: list | None = None    # the step's prompts (kept by `collect` for `fidelity`)
     step_start: dict | None = None  # --on-collapse stop, one process: the state the current step started from
+    snapshots: list | None = None   # the steps of the guard's snapshots in OUT (collapse_stepN)
+    stopping: int = 0               # a signal's number: the run stops after this step (every rank agrees)
     t0: float = 0.0
     prov: dict | None = None        # rank 0: the provenance stamped at the start (r3/runs/provenance.py)
 
@@ -271,8 +285,9 @@ def row_metrics(r: Rollout, eos: torch.Tensor, max_new: int) -> dict:
                 runaway_frac=float(((lengths >= max_new) & ~ended).float().mean()))
 
 
-def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[str] | None:
-    """val/kl, collapse guard, one line + metrics.jsonl, checkpoints. Returns the symptoms that stop the run."""
+def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar, stops) -> list[str] | None:
+    """val/kl, collapse guard, one line + metrics.jsonl, checkpoints (also when a signal stops the run after this
+    step: `run.stopping`). Returns the symptoms that stop the run."""
     cfg = run.cfg
     if cfg.val_every and (step + 1) % cfg.val_every == 0:
         m["val/kl"] = validate(run, step)
@@ -296,21 +311,37 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
         if not cfg.quiet:
             tqdm.write(log_line(m))
     if run.guard.new:  # a symptom's onset: keep the weights it produced, for inspection, under their own name
-        name = f"collapse_step{step}"
-        try:
-            save(run, step + 1, name)
-            kept = f"the collapsed state is in {run.path(name + '.pt' if run.world == 1 else name)}"
-        except ValueError as e:  # save_checkpoint refuses non-finite weights
-            kept = f"the collapsed state is not saved: {e}"
+        kept = snapshot(run, step)
         if run.lead:
             tqdm.write(f"collapse guard: {', '.join(run.guard.new)} at step {step}; {kept}")
         if cfg.on_collapse == "stop":
             keep_pre_onset(run, step)
             return run.guard.new
-    if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+    run.stopping = stops.agreed(global_max) if step + 1 < cfg.steps else 0  # the same step on every rank
+    if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps or run.stopping:
         save(run, step + 1)
     run.step_start = step_start_state(run)  # the next step starts from here
     return None
+
+
+def snapshot(run: Run, step: int) -> str:
+    """Save the state after `step` as collapse_stepN (.pt; a folder with --model), for inspection. --guard-snapshots
+    N keeps the first and the latest N - 1: older ones are removed once the new one is written."""
+    keep = snapshots_to_keep(run.snapshots + [step], run.cfg.guard_snapshots)
+    if step not in keep:
+        return f"no snapshot saved (--guard-snapshots {run.cfg.guard_snapshots})"
+    name = f"collapse_step{step}"
+    try:
+        save(run, step + 1, name)
+    except ValueError as e:  # save_checkpoint refuses non-finite weights
+        return f"the collapsed state is not saved: {e}"
+    gone = [s for s in run.snapshots if s not in keep]
+    if run.lead:
+        remove_snapshots(run.out, gone)
+    run.snapshots = keep
+    return f"the collapsed state is in {run.path(name + '.pt' if run.world == 1 else name)}" + (
+        f" (--guard-snapshots {run.cfg.guard_snapshots}: removed {', '.join(f'collapse_step{s}' for s in gone)})"
+        if gone else "")
 
 
 @torch.no_grad()
@@ -429,6 +460,7 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
               tb=tensorboard_writer(os.path.join(out, "tb")) if cfg.tensorboard and rank == 0 else None)
     if cfg.fidelity_every:
         run.oracle = Engine(p.model, "fp32")
+    run.snapshots = snapshot_steps(out) if world == 1 else []  # (a torchrun run never resumes: none on any rank)
     try:
         start = resume(run) if cfg.resume else 0
     except BaseException:
@@ -522,10 +554,12 @@ def resume(run: Run) -> int:
 
 
 def finish(run: Run, stopped_on: list[str] | None) -> None:
+    """done.json (not when a signal stopped the run: it has steps to go), the plot, the provenance's end stamp."""
     if run.lead:
-        atomic_write_json(run.path("done.json"), dict(steps=len(read_jsonl(run.path("metrics.jsonl"))),
-                                                      stopped_on=stopped_on, world_size=run.world), indent=None)
-        if not run.cfg.no_plot:
+        if not run.stopping:
+            atomic_write_json(run.path("done.json"), dict(steps=len(read_jsonl(run.path("metrics.jsonl"))),
+                                                          stopped_on=stopped_on, world_size=run.world), indent=None)
+        if not run.cfg.no_plot and not run.stopping:
             from r3.runs.plots import plot_run
             plot_run(read_jsonl(run.path("metrics.jsonl")), run.path("metrics.png"), title=run.out)
             print(f"wrote {run.path('metrics.png')}")

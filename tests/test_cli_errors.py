@@ -1,5 +1,6 @@
 """What this proves: `r3.errors.run_main` turns a refusal (an InputError or one of its subclasses, an OSError about a
-named path, a sys.exit message) into exactly one `error: ...` line on stderr and exit status 1, without a traceback;
+named path, a sys.exit message, a failed write) into exactly one `error: ...` line on stderr and exit status 1,
+without a traceback (a deliberate stop: its one line and status 128 + the signal; a bare Ctrl-C: one line, 130);
 --debug (removed before the script's parser sees it) and R3_DEBUG=1 show the traceback; a bug, an ordinary exit and
 argparse's exit pass through untouched; and every entry point (train.py, rollout.py, python -m r3.check, r3.inspect,
 r3.plots, r3.serve, experiments.*) runs through it, as a real process shows."""
@@ -73,6 +74,20 @@ def test_a_bug_keeps_its_traceback(exc, monkeypatch):
 def test_ordinary_exits_pass_through(code, monkeypatch, capsys):
     got, err = call(raising(SystemExit(code)), [], monkeypatch, capsys)
     assert got == code and err == ""
+
+
+def test_a_write_error_a_stop_and_a_bare_ctrl_c_are_one_line_each(monkeypatch, capsys):
+    import errno
+    from r3.errors import Stopped, WriteError
+    code, err = call(raising(WriteError(errno.ENOSPC, "error: cannot write run/ckpt.pt: No space left on device")),
+                     [], monkeypatch, capsys)
+    assert code == 1 and err == "error: cannot write run/ckpt.pt: No space left on device\n"
+    code, err = call(raising(Stopped("stopped by SIGTERM at a step boundary: ...", 143)), [], monkeypatch, capsys)
+    assert code == 143 and err == "stopped by SIGTERM at a step boundary: ...\n"
+    code, err = call(raising(Stopped("", 143)), [], monkeypatch, capsys)  # a rank that does not print
+    assert code == 143 and err == ""
+    code, err = call(raising(KeyboardInterrupt()), [], monkeypatch, capsys)  # before train.py's handlers
+    assert code == 130 and err == "stopped by SIGINT (Ctrl-C)\n"
 
 
 def test_run_main_returns_what_main_returns(monkeypatch):

@@ -4,11 +4,13 @@
 the in-process engine's weights, both RNG streams (data and sampling), the step, and the collapse guard's state, so
 a killed run resumes bit-identically (train.py drops metrics lines logged after the checkpoint's step, and
 recomputes them). It is one `torch.save` file of tensors and plain containers, written to `NAME.tmp`, fsynced and
-renamed over `NAME` (`r3.runs.io.atomic_write`): a SIGKILL mid-save leaves the previous checkpoint intact. A model with
-a NaN or inf parameter is not saved, so a bad step never replaces a good checkpoint. Loading uses `weights_only=True`
-and checks the whole file first (every section, every RNG stream, the `extra` keys the caller needs, the model's
-keys and shapes, every weight a finite float: `r3.runs.validate.check_weight`), so a refused checkpoint leaves the
-model, optimizer and generators untouched. Refusals raise `CheckpointFileError` (an InputError and a RuntimeError).
+renamed over `NAME` (`r3.runs.io.atomic_write`): a SIGKILL mid-save leaves the previous checkpoint intact, and a
+failed write (disk full) is one WriteError line that says so. `checkpoint_step` reads the step a file holds. A
+model with a NaN or inf parameter is not saved, so a bad step never replaces a good checkpoint. Loading uses
+`weights_only=True` and checks the whole file first (every section, every RNG stream, the `extra` keys the caller
+needs, the model's keys and shapes, every weight a finite float: `r3.runs.validate.check_weight`), so a refused
+checkpoint leaves the model, optimizer and generators untouched. Refusals raise `CheckpointFileError` (an InputError
+and a RuntimeError).
 
 `save_weights` / `load_weights`: model weights alone, as safetensors with the model config in the metadata (the
 warm-up cache, and checkpoints rollout.py loads with `--model PATH`); `checkpoint_config` reads that config back.
@@ -46,7 +48,24 @@ def save_checkpoint(path: str, *, model, optimizer, engine, generators: dict, st
     state = dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
                  engine={} if engine is None else engine.model.state_dict(),
                  rng={k: g.get_state() for k, g in generators.items()}, step=step, extra=extra)
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    need = sum(t.numel() * t.element_size() for t in _tensors(state))
+    atomic_write(path, lambda tmp: torch.save(state, tmp), need=need)
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (dict, list, tuple)):
+        for v in obj.values() if isinstance(obj, dict) else obj:
+            yield from _tensors(v)
+
+
+def checkpoint_step(path: str) -> int | None:
+    """The step a training checkpoint holds (its tensors mapped, not read), or None when there is none to read."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception:  # no file, or not a checkpoint: the caller says so
+        return None
 
 
 def _check_state(path: str, state, model, generators: dict, require_extra) -> None:

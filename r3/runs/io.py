@@ -6,16 +6,26 @@ replaced by one atomic swap (`exchange`, Linux); where the OS cannot swap, by tw
 leaves no `path` but the old folder as `path + ".old"` and the new one as `path + ".tmp"`. `atomic_write_json`
 is the one-line form for small JSON files. `read_jsonl` / `append_jsonl` / `write_jsonl` read, extend (fsynced) and
 atomically replace a metrics log, one JSON object per line; `r3/runs/runfolder.py` repairs a torn last line.
+
+A write that fails (disk full, file-size limit, quota, a folder made read-only, an fsync's EIO) raises `WriteError`,
+one line naming the file, the error, the bytes it needed where the caller knows them (`need=`), the space left, and
+what was kept; nothing partial is left behind: `atomic_write` removes its temporary copy (on any exception, Ctrl-C
+included) and `append_jsonl` cuts the file back to the lines it held. torch's and safetensors' own errors for a short
+write (`RuntimeError: [enforce fail at inline_container.cc:...] unexpected pos`, `SafetensorError: ... (os error
+28)`) are mapped here too, the only place that catches them; any other exception passes through untouched.
 """
+import contextlib
 import ctypes
 import errno
 import functools
 import json
 import os
+import re
+import resource
 import shutil
 from collections.abc import Callable
 
-from r3.errors import InputError
+from r3.errors import InputError, WriteError
 
 
 def fsync_path(path: str) -> None:
@@ -37,25 +47,79 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, write: Callable[[str], None]) -> None:
-    """`write(tmp)` creates `path + ".tmp"` (a file or a folder); it is fsynced and renamed over `path`."""
+def atomic_write(path: str, write: Callable[[str], None], need: int | None = None) -> None:
+    """`write(tmp)` creates `path + ".tmp"` (a file or a folder); it is fsynced and renamed over `path`. A failure
+    raises WriteError (`need`: the bytes the file takes, for its message) and leaves no `path + ".tmp"`."""
     path = path.rstrip(os.sep)
     tmp = path + ".tmp"
     _remove(tmp)  # left by a killed writer
-    write(tmp)
-    fsync_path(tmp)
-    old = path + ".old"
-    if os.path.isdir(tmp) and os.path.isdir(path):  # a folder cannot be renamed over a non-empty one
-        if exchange(tmp, path):  # one atomic swap; tmp now holds the old folder
-            old = tmp
+    existed, replaced = os.path.lexists(path), False
+    try:
+        write(tmp)
+        fsync_path(tmp)
+        old = path + ".old"
+        if os.path.isdir(tmp) and os.path.isdir(path):  # a folder cannot be renamed over a non-empty one
+            if exchange(tmp, path):  # one atomic swap; tmp now holds the old folder
+                old = tmp
+            else:
+                _remove(old)
+                os.replace(path, old)
+                os.replace(tmp, path)
         else:
-            _remove(old)
-            os.replace(path, old)
             os.replace(tmp, path)
-    else:
-        os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+        replaced = True
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+    except BaseException as e:
+        written = _size(tmp)
+        if os.path.lexists(path) or not os.path.lexists(path + ".old"):  # not in the gap of two renames
+            with contextlib.suppress(OSError):
+                _remove(tmp)
+        kept = (f"{path} is written but its folder could not be synced" if replaced else
+                f"{'the previous ' + path + ' is intact' if existed else path + ' was not written'}; the partial "
+                f"{tmp} is removed")
+        err = write_error(e, path, written, need, kept)
+        if err is e:
+            raise
+        raise err from e
     _remove(old)  # this write's, or one a killed writer left between its two renames
+
+
+def write_error(e: BaseException, path: str, written: int | None, need: int | None, kept: str) -> BaseException:
+    """`e` as a WriteError naming `path`, what it needed and what was `kept`, when it is a failed write (an OSError,
+    or torch's or safetensors' error for one); `e` itself otherwise (a bug, Ctrl-C)."""
+    text = str(e)
+    code = getattr(e, "errno", None) if isinstance(e, OSError) else None
+    found = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", text)  # how safetensors (Rust) names it
+    if type(e).__name__ == "SafetensorError" and found:
+        code = int(found.group(1) or found.group(2))
+    torch_short = isinstance(e, RuntimeError) and ("inline_container" in text or "PytorchStreamWriter" in text)
+    if code is None and not torch_short:
+        return e
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    limited = limit != resource.RLIM_INFINITY and (code == errno.EFBIG or (code is None and (written or 0) >= limit))
+    if limited:  # torch's writer checks how far it got, not why: the likely cause
+        code = errno.EFBIG
+    cause = (f"torch's writer stopped ({text.strip().splitlines()[0][:120]})" if code is None else
+             f"{os.strerror(code)} [{errno.errorcode.get(code, code)}]" +
+             (f" (the file-size limit, ulimit -f, is {limit:,} bytes)" if limited else ""))
+    sizes = ", ".join(x for x in (f"it needs about {need:,} bytes" if need else "",
+                                  f"{written:,} bytes were written" if written else "", _free(path)) if x)
+    return WriteError(code or errno.EIO, f"error: cannot write {path}: {cause}; {sizes + '; ' if sizes else ''}{kept}")
+
+
+def _size(path: str) -> int | None:
+    """Bytes of a file, or of the files of a folder; None when it does not exist."""
+    if os.path.isdir(path):
+        return sum(_size(os.path.join(path, n)) or 0 for n in os.listdir(path))
+    return os.path.getsize(path) if os.path.isfile(path) else None
+
+
+def _free(path: str) -> str:
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return ""
+    return f"{st.f_bavail * st.f_frsize:,} bytes are free there"
 
 
 def exchange(a: str, b: str) -> bool:
@@ -121,11 +185,22 @@ def write_jsonl(path: str, records: list[dict]) -> None:
 
 
 def append_jsonl(path: str, record: dict) -> None:
-    """Append one line, flushed and fsynced, so a kill loses at most the line being written."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+    """Append one line, flushed and fsynced, so a kill loses at most the line being written. A failed write cuts
+    the file back to the lines it held and raises WriteError."""
+    line = json.dumps(record) + "\n"
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        with open(path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        try:  # the failed line, partly written, must not stay
+            os.truncate(path, size)
+            kept = f"{path} is cut back to the {size:,} bytes it held (the new line is not in it)"
+        except OSError:
+            kept = f"{path} may end in a torn line, which a resume repairs"
+        raise write_error(e, path, None, len(line.encode()), kept) from e
 
 
 def _remove(path: str) -> None:

@@ -12,6 +12,8 @@ the check that a resumed run is the run that was saved.
   check_resume(saved, new, keys, allow)   # refuse a resume whose run-defining fields differ, naming each one
   run.record_resume(step, changes)        # log an allowed change in OUT/resumes.jsonl
   check_output_folder(path, flag)         # before any work: `path` can be a folder (not a file, nor below one)
+  snapshot_steps(path) / snapshots_to_keep(steps, n) / remove_snapshots(path, steps)
+                                          # the collapse guard's OUT/collapse_stepN(.pt), at most n of them
 
 The lock is `fcntl.flock` on OUT/.lock: the OS drops it when the process dies (SIGKILL included), so a stale
 .lock file never blocks a new run. The file descriptor is close-on-exec, so programs the run execs do not inherit
@@ -23,6 +25,7 @@ deciding which fields define a run (the caller passes `keys`).
 import fcntl
 import json
 import os
+import re
 import shutil
 
 from r3.errors import InputError
@@ -180,6 +183,35 @@ def truncate_metrics(path: str, step: int) -> list[dict]:
 
 def append_metrics(path: str, record: dict) -> None:
     append_jsonl(path, record)
+
+
+# ---- the collapse guard's snapshots ------------------------------------------------------------------------------
+
+SNAPSHOT = re.compile(r"collapse_step(\d+)(\.pt)?$")  # collapse_stepN.pt (one process), collapse_stepN/ (--model)
+
+
+def snapshot_steps(path: str) -> list[int]:
+    """The steps of the guard snapshots in run folder `path`, in order."""
+    found = (SNAPSHOT.match(n) for n in (os.listdir(path) if os.path.isdir(path) else []))
+    return sorted({int(m.group(1)) for m in found if m})
+
+
+def snapshots_to_keep(steps: list[int], keep: int) -> list[int]:
+    """Of the snapshot steps `steps`, those `--guard-snapshots keep` keeps: the first and the latest keep - 1."""
+    steps = sorted(set(steps))
+    if keep == 0 or not steps:
+        return []
+    return steps[:1] + (steps[1:][-(keep - 1):] if keep > 1 else [])
+
+
+def remove_snapshots(path: str, steps: list[int]) -> None:
+    for step in steps:
+        for name in (f"collapse_step{step}.pt", f"collapse_step{step}"):
+            p = os.path.join(path, name)
+            if os.path.isdir(p):
+                shutil.rmtree(p)
+            elif os.path.exists(p):
+                os.remove(p)
 
 
 # ---- resume ------------------------------------------------------------------------------------------------------

@@ -20,10 +20,10 @@ unchanged, so state dicts stay HF-named. The root is not resharded after forward
 
 train.py's distribution lives here too, behind helpers that are the identity in one process: `load_policy` (the
 trainer, sharded under torchrun, plus a plain copy that feeds an in-process engine), `sync_engine`, `global_sum` /
-`global_mean` (step metrics reduced over ranks, so the collapse guard decides the same everywhere) and
-`save_hf_checkpoint`. The in-process engine keeps a full plain copy of the weights on every rank, re-synced from a
-gathered full state dict after each step: right for toy-sized models and tests, not for 30B (use an external
-engine there).
+`global_mean` (step metrics reduced over ranks, so the collapse guard decides the same everywhere), `global_max` (a
+stop signal, so every rank stops at the same step) and `save_hf_checkpoint`. The in-process engine keeps a full
+plain copy of the weights on every rank, re-synced from a gathered full state dict after each step: right for
+toy-sized models and tests, not for 30B (use an external engine there).
 
 Left out on purpose: tensor/expert parallelism, HSDP, CPU offload of parameters, and sharded (DCP) checkpoints.
 Loading broadcasts from rank 0, so rank 0 needs host memory for the whole model in the checkpoint's dtype
@@ -188,6 +188,15 @@ def global_sum(x: float) -> float:
     if not is_distributed():
         return x
     return all_reduce_sum(torch.tensor(x, dtype=torch.float64, device=_wire_device())).item()
+
+
+def global_max(x: float) -> float:
+    """The largest value of a float over ranks (the value itself without a process group)."""
+    if not is_distributed():
+        return x
+    t = torch.tensor(x, dtype=torch.float64, device=_wire_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
 
 def global_mean(parts: list[tuple[dict, float]], maxima: tuple[str, ...] = ()) -> dict:

@@ -153,10 +153,15 @@ class TrainConfig(SamplingConfig):
                                   "gradient vs the on-policy gradient from an fp32 engine, same prompts and weights, "
                                   "coupled sampling (r3/train/fidelity.py; changes no other metric; 0 = never)",
                                domain=INT_GE0)
-    on_collapse: str = flag("continue", "when the collapse guard fires: save a checkpoint, log the symptom, then "
-                                        "stop or continue", choices=["stop", "continue"])
+    on_collapse: str = flag("continue", "when the collapse guard fires: save a snapshot (--guard-snapshots), log "
+                                        "the symptom, then stop or continue", choices=["stop", "continue"])
     guard_reward_drop: float = flag(0.3, "guard: reward EMA this far below its running peak", domain=POSITIVE)
     guard_kl_max: float = flag(1.0, "guard: mismatch kl above this", domain=POSITIVE)
+    guard_snapshots: int = flag(3, "guard: each onset of a symptom saves the state it produced, for inspection "
+                                   "(OUT/collapse_stepN.pt, a full checkpoint; a folder with --model); keep the "
+                                   "first and the latest N - 1, removing older ones (0 = none). Every onset is "
+                                   "still logged (metrics.jsonl 'symptoms'); no number of the run changes",
+                                domain=INT_GE0)
     engine: str = flag("local", "where rollouts are sampled: local (the in-process engine at --rollout-dtype) or "
                                 "sglang:URL / vllm:URL, a server that returns routes; several servers as "
                                 "sglang:URL1,URL2,... share each step's prompts and all load every weight update, "
