@@ -23,7 +23,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from tqdm import tqdm
@@ -41,6 +41,7 @@ from r3.scale.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_mean, globa
                            setup_distributed, sync_engine)
 from r3.train.grpo import MAX_METRICS, loss_denominator, policy_loss
 from r3.train.guard import CollapseGuard
+from r3.train.lag import WeightLag, lagged_sync, resumed_lag
 from r3.scale.hf import load_config
 from r3.tools.inspect import dump_samples
 from r3.train.launch import check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts
@@ -58,8 +59,8 @@ from r3.tasks.tasks import make_task
 from r3.train.warmup import preset_config, warmup_info
 
 
-# run-defining fields added after runs were saved without them; their default (None) is what those runs did
-NEWER_FIELDS = ("warmup_until", "router_levels")
+# run-defining fields added after runs were saved without them; their default is what those runs did
+NEWER_FIELDS = ("warmup_until", "router_levels", "rollout_lag")
 
 
 def main(argv=None):
@@ -78,8 +79,9 @@ def main(argv=None):
         dump(run, rollouts, step)
         fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
         mini_steps = update(run, rollouts, olds, step, measure)
-        sync_engine(run.model, run.engine, run.plain)  # a server engine checks what it serves after the load
-        m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine))
+        lag = {} if run.lag is None else {"staleness/rollout_lag": run.lag.lag(step)}  # of the weights that sampled
+        lagged_sync(run.model, run.engine, run.plain, run.lag, step)  # a server engine checks what it serves after the load
+        m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine), **lag)
         stopped_on = log_guard_checkpoint(run, m, step, t0, bar)
         if stopped_on:
             break
@@ -121,6 +123,7 @@ class Run:
     step_start: dict | None = None  # --on-collapse stop, one process: the state the current step started from
     t0: float = 0.0
     prov: dict | None = None        # rank 0: the provenance stamped at the start (r3/runs/provenance.py)
+    lag: WeightLag | None = None    # --rollout-lag K >= 1: the FIFO of the engine's last K weights (r3/train/lag.py)
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -317,7 +320,8 @@ def log_guard_checkpoint(run: Run, m: dict, step: int, t0: float, bar) -> list[s
 def step_start_state(run: Run) -> dict | None:
     """--on-collapse stop, one process: a copy of the state the next step starts from (model, optimizer, RNG
     streams, guard), for `keep_pre_onset`. The tensors are copied into the buffers of the previous copy (fresh
-    allocations each step cost 5-10x more); the engine's weights are a cast of the model's, so they are not copied.
+    allocations each step cost 5-10x more); the engine's weights are a cast of the model's, so they are not copied
+    (with --rollout-lag, references to the FIFO's snapshots, which are never written to).
     Under FSDP no copy is held (a second copy of a sharded model and its optimizer state would not fit)."""
     if run.cfg.on_collapse != "stop" or run.world > 1:
         return None
@@ -334,7 +338,8 @@ def step_start_state(run: Run) -> dict | None:
     opt["state"] = {i: {k: next(it) if torch.is_tensor(v) else v for k, v in s.items()}
                     for i, s in opt["state"].items()}
     keep.update(opt=dict(opt, param_groups=copy.deepcopy(opt["param_groups"])),
-                rng={k: g.get_state() for k, g in run.gens.items()}, guard=copy.deepcopy(run.guard.state_dict()))
+                rng={k: g.get_state() for k, g in run.gens.items()}, guard=copy.deepcopy(run.guard.state_dict()),
+                lag=run.lag and run.lag.references())
     return keep
 
 
@@ -350,7 +355,9 @@ def keep_pre_onset(run: Run, step: int) -> None:
     for k, g in run.gens.items():
         g.set_state(s["rng"][k])
     run.guard.load_state_dict(s["guard"])
-    if run.cfg.engine == "local":
+    if run.lag is not None:  # the engine served past weights at that step's start
+        run.lag.restore(s["lag"], run.engine)
+    elif run.cfg.engine == "local":
         sync_engine(run.model, run.engine, run.plain)
     save(run, step)
     if run.lead:
@@ -391,7 +398,8 @@ def save(run: Run, step_done: int, name: str | None = None) -> None:
     if run.world == 1:
         save_checkpoint(run.path(name + ".pt" if name else "ckpt.pt"), model=run.model, optimizer=run.opt,
                         engine=run.engine if run.cfg.engine == "local" else None, generators=run.gens, step=step_done,
-                        extra=dict(guard=run.guard.state_dict()))
+                        extra=dict(guard=run.guard.state_dict(), **({} if run.lag is None else
+                                                                     dict(rollout_lag=run.lag.state_dict()))))
     if run.cfg.model:
         save_hf_checkpoint(run.model, run.path(name or "hf"), dtype=run.save_dtype)
 
@@ -429,6 +437,7 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
               tb=tensorboard_writer(os.path.join(out, "tb")) if cfg.tensorboard and rank == 0 else None)
     if cfg.fidelity_every:
         run.oracle = Engine(p.model, "fp32")
+    run.lag = WeightLag(cfg.rollout_lag, p.engine) if cfg.rollout_lag else None
     try:
         start = resume(run) if cfg.resume else 0
     except BaseException:
@@ -478,7 +487,7 @@ def resume_changes(cfg: TrainConfig, out: str) -> dict:
     (RunFolderError naming each)."""
     with open(os.path.join(out, "args.json")) as f:
         saved = json.load(f)
-    saved = {**{k: None for k in NEWER_FIELDS}, **saved}  # a run saved before a field existed had its default
+    saved = {**{f.name: f.default for f in fields(TrainConfig) if f.name in NEWER_FIELDS}, **saved}  # the default
     return check_resume(saved, asdict(cfg), RUN_DEFINING, allow=set(cfg.allowed_changes()))
 
 
@@ -504,6 +513,9 @@ def resume(run: Run) -> int:
         changes = resume_changes(run.cfg, run.out)
         start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
                                        engine=run.engine if run.cfg.engine == "local" else None)
+        run.lag = resumed_lag(run.lag, extra.get("rollout_lag"), k=run.cfg.rollout_lag, model=run.model,
+                              engine=run.engine, plain=run.plain, changed="rollout_lag" in changes, step=start,
+                              path=ckpt)
         kept = check_steps([r for r in read_metrics(run.path("metrics.jsonl")) if r["step"] < start])
     except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"error: cannot resume {run.out}: {e}")
