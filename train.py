@@ -80,7 +80,7 @@ def main(argv=None):
         fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
         mini_steps = update(run, rollouts, olds, step, measure)
         lag = {} if run.lag is None else {"staleness/rollout_lag": run.lag.lag(step)}  # of the weights that sampled
-        lagged_sync(run.model, run.engine, run.plain, run.lag, step)  # a server engine checks what it serves after the load
+        lagged_sync(run.model, run.engine, run.plain, run.lag, step)  # a server checks what it serves; a lag: K old
         m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine), **lag)
         stopped_on = log_guard_checkpoint(run, m, step, t0, bar)
         if stopped_on:
