@@ -9,7 +9,8 @@ Every step runs these phases, each a function, in this order:
                        it (R2's routes, the trainer's π_old)
   update               --mini-steps optimizer steps; each forward replays the rollout's routes (r3), the routes of
                        the old-policy pass (r2), or lets the router choose (none)              (r3/train/grpo.py)
-  sync_engine          weight sync trainer → engine
+  sync_engine          weight sync trainer → engine; with --rollout-lag K the engine then holds the weights of K
+                       steps earlier (a FIFO of K snapshots, r3/train/lag.py; docs/async.md)
   log_guard_checkpoint one log line and metrics.jsonl, collapse guard, checkpoint
 
 Every flag lives in `r3/train/config.py`. A real model: `--model PATH` (an HF Qwen3-MoE folder with tokenizer.json) with
