@@ -9,7 +9,8 @@ Every step runs these phases, each a function, in this order:
                        it (R2's routes, the trainer's π_old)
   update               --mini-steps optimizer steps; each forward replays the rollout's routes (r3), the routes of
                        the old-policy pass (r2), or lets the router choose (none)              (r3/train/grpo.py)
-  sync_engine          weight sync trainer → engine
+  sync_engine          weight sync trainer → engine; with --rollout-lag K the engine then holds the weights of K
+                       steps earlier (a FIFO of K snapshots, r3/train/lag.py; docs/async.md)
   log_guard_checkpoint one log line and metrics.jsonl, collapse guard, checkpoint
 
 Every flag lives in `r3/train/config.py`. A real model: `--model PATH` (an HF Qwen3-MoE folder with tokenizer.json) with
@@ -18,7 +19,6 @@ own data shards (`--shards`); rank 0 alone writes files. `--dry-run` prints the 
 What is loaded before step 0 (policy, engine, task, disk rollouts), and checked, is in `r3/train/launch.py`.
 """
 import copy
-import json
 import math
 import os
 import sys
@@ -28,11 +28,10 @@ from dataclasses import asdict, dataclass
 import torch
 from tqdm import tqdm
 
-from r3.rollout.batch import rollout_folders
 from r3.runs.checkpoint import load_checkpoint, save_checkpoint
 from r3.train.collect import (Rollout, advantages, my_shards, sample_shard, shard_generator_name, shard_rows,
                               shard_seed)
-from r3.train.config import RUN_DEFINING, TrainConfig, parse
+from r3.train.config import TrainConfig, parse
 from r3.rollout.engine import Engine
 from r3.errors import Stopped, WriteError, run_main
 from r3.train.evaluate import evaluate
@@ -41,9 +40,11 @@ from r3.scale.fsdp import (FSDP_PARAM_DTYPES, clip_grad_norm, global_max, global
                            save_hf_checkpoint, setup_distributed, sync_engine)
 from r3.train.grpo import MAX_METRICS, loss_denominator, policy_loss
 from r3.train.guard import CollapseGuard
+from r3.train.lag import WeightLag, lagged_sync, resumed_lag
 from r3.scale.hf import load_config
 from r3.tools.inspect import dump_samples
-from r3.train.launch import check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts
+from r3.train.launch import (check_launch, check_mini_steps, check_shards, load_policy_and_task, read_disk_rollouts,
+                             resume_changes)
 from r3.runs.io import atomic_write_json, read_jsonl
 from r3.scale.memory import format_plan, memory_plan
 from r3.train.metrics import MISMATCH_KEYS, flip_stats, kl_k3
@@ -51,17 +52,13 @@ from r3.runs.plots import log_scalars, tensorboard_writer
 from r3.runs.process import configure_cpu
 from r3.runs.provenance import earlier_segments, git_state, stamp
 from r3.runs.interrupt import Interrupts, go_on, hard_stop_line, stopped_line
-from r3.runs.runfolder import (RunFolder, RunFolderError, append_metrics, check_output_folder, check_resume,
-                               check_steps, read_metrics, remove_snapshots, snapshot_steps, snapshots_to_keep,
+from r3.runs.runfolder import (RunFolder, RunFolderError, append_metrics, check_steps, read_metrics,
+                               remove_snapshots, snapshot_steps, snapshots_to_keep,
                                truncate_metrics)
 from r3.train.score import (OldPolicy, batch_groups, forward, old_policy_pass, token_logp, update_reads_pass,
                             without_pass)
 from r3.tasks.tasks import make_task
 from r3.train.warmup import preset_config, warmup_info
-
-
-# run-defining fields added after runs were saved without them; their default (None) is what those runs did
-NEWER_FIELDS = ("warmup_until", "router_levels")
 
 
 def main(argv=None):
@@ -83,8 +80,9 @@ def main(argv=None):
             dump(run, rollouts, step)
             fid = fidelity(run, step)  # before the update: the gradients at the weights that sampled this step
             mini_steps = update(run, rollouts, olds, step, measure)
-            sync_engine(run.model, run.engine, run.plain)  # a server engine checks what it serves after the load
-            m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine))
+            lag = {} if run.lag is None else {"staleness/rollout_lag": run.lag.lag(step)}  # of the sampling weights
+            lagged_sync(run.model, run.engine, run.plain, run.lag, step)  # a server checks what it serves; a lag: K old
+            m = dict(step_metrics(run, rollouts, olds, mini_steps, step), **fid, **sync_metrics(run.engine), **lag)
             stopped_on = log_guard_checkpoint(run, m, step, t0, bar, stops)
             if stopped_on or run.stopping:
                 break
@@ -135,6 +133,7 @@ class Run:
     stopping: int = 0               # a signal's number: the run stops after this step (every rank agrees)
     t0: float = 0.0
     prov: dict | None = None        # rank 0: the provenance stamped at the start (r3/runs/provenance.py)
+    lag: WeightLag | None = None    # --rollout-lag K >= 1: the FIFO of the engine's last K weights (r3/train/lag.py)
 
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
@@ -348,7 +347,8 @@ def snapshot(run: Run, step: int) -> str:
 def step_start_state(run: Run) -> dict | None:
     """--on-collapse stop, one process: a copy of the state the next step starts from (model, optimizer, RNG
     streams, guard), for `keep_pre_onset`. The tensors are copied into the buffers of the previous copy (fresh
-    allocations each step cost 5-10x more); the engine's weights are a cast of the model's, so they are not copied.
+    allocations each step cost 5-10x more); the engine's weights are a cast of the model's, so they are not copied
+    (with --rollout-lag, references to the FIFO's snapshots, which are never written to).
     Under FSDP no copy is held (a second copy of a sharded model and its optimizer state would not fit)."""
     if run.cfg.on_collapse != "stop" or run.world > 1:
         return None
@@ -365,7 +365,8 @@ def step_start_state(run: Run) -> dict | None:
     opt["state"] = {i: {k: next(it) if torch.is_tensor(v) else v for k, v in s.items()}
                     for i, s in opt["state"].items()}
     keep.update(opt=dict(opt, param_groups=copy.deepcopy(opt["param_groups"])),
-                rng={k: g.get_state() for k, g in run.gens.items()}, guard=copy.deepcopy(run.guard.state_dict()))
+                rng={k: g.get_state() for k, g in run.gens.items()}, guard=copy.deepcopy(run.guard.state_dict()),
+                lag=run.lag and run.lag.references())
     return keep
 
 
@@ -381,7 +382,9 @@ def keep_pre_onset(run: Run, step: int) -> None:
     for k, g in run.gens.items():
         g.set_state(s["rng"][k])
     run.guard.load_state_dict(s["guard"])
-    if run.cfg.engine == "local":
+    if run.lag is not None:  # the engine served past weights at that step's start
+        run.lag.restore(s["lag"], run.engine)
+    elif run.cfg.engine == "local":
         sync_engine(run.model, run.engine, run.plain)
     save(run, step)
     if run.lead:
@@ -422,7 +425,8 @@ def save(run: Run, step_done: int, name: str | None = None) -> None:
     if run.world == 1:
         save_checkpoint(run.path(name + ".pt" if name else "ckpt.pt"), model=run.model, optimizer=run.opt,
                         engine=run.engine if run.cfg.engine == "local" else None, generators=run.gens, step=step_done,
-                        extra=dict(guard=run.guard.state_dict()))
+                        extra=dict(guard=run.guard.state_dict(), **({} if run.lag is None else
+                                                                     dict(rollout_lag=run.lag.state_dict()))))
     if run.cfg.model:
         save_hf_checkpoint(run.model, run.path(name or "hf"), dtype=run.save_dtype)
 
@@ -461,6 +465,7 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
     if cfg.fidelity_every:
         run.oracle = Engine(p.model, "fp32")
     run.snapshots = snapshot_steps(out) if world == 1 else []  # (a torchrun run never resumes: none on any rank)
+    run.lag = WeightLag(cfg.rollout_lag, p.engine) if cfg.rollout_lag else None
     try:
         start = resume(run) if cfg.resume else 0
     except BaseException:
@@ -480,38 +485,6 @@ def setup(cfg: TrainConfig) -> tuple[Run, int]:
                                                          warmup_checkpoint=p.warm_path,
                                                          warmup=warmup_info(p.warm_path) if p.warm_path else None))
     return run, start
-
-
-def check_launch(cfg: TrainConfig) -> str:
-    """Refusals that need no model (every rank decides the same), a resume's changed run-defining flags among them;
-    returns the run folder."""
-    if "RANK" in os.environ and not cfg.model:
-        sys.exit("error: under torchrun, pass --model PATH (FSDP runs start from an HF checkpoint; the toy presets "
-                 "run in one process)")
-    if "RANK" in os.environ and cfg.resume:
-        sys.exit("error: --resume is not supported under torchrun: FSDP runs save model weights only (OUT/hf), not "
-                 "the optimizer and RNG state a bit-identical resume needs. Start a new run with --model OUT/hf")
-    if cfg.rollouts:
-        rollout_folders(cfg.rollouts, notes=False)  # a missing folder or a gap in its steps: before the warm-up
-    out = cfg.out_dir()
-    check_output_folder(out, "--out")
-    if os.path.exists(os.path.join(out, "metrics.jsonl")) and not (cfg.resume or cfg.overwrite):
-        sys.exit(f"error: {out} already holds a run; pass --resume to continue it or --overwrite to replace it")
-    if cfg.resume and os.path.exists(os.path.join(out, "ckpt.pt")):
-        try:  # changed run-defining flags: refused before the warm-up builds anything (resume() checks again)
-            resume_changes(cfg, out)
-        except (OSError, ValueError) as e:
-            sys.exit(f"error: cannot resume {out}: {e}")
-    return out
-
-
-def resume_changes(cfg: TrainConfig, out: str) -> dict:
-    """The changes to run-defining flags since OUT/args.json that --allow-change allows; any other is refused
-    (RunFolderError naming each)."""
-    with open(os.path.join(out, "args.json")) as f:
-        saved = json.load(f)
-    saved = {**{k: None for k in NEWER_FIELDS}, **saved}  # a run saved before a field existed had its default
-    return check_resume(saved, asdict(cfg), RUN_DEFINING, allow=set(cfg.allowed_changes()))
 
 
 def open_folder(cfg: TrainConfig, out: str) -> RunFolder:
@@ -536,6 +509,9 @@ def resume(run: Run) -> int:
         changes = resume_changes(run.cfg, run.out)
         start, extra = load_checkpoint(ckpt, model=run.model, optimizer=run.opt, generators=run.gens,
                                        engine=run.engine if run.cfg.engine == "local" else None)
+        run.lag = resumed_lag(run.lag, extra.get("rollout_lag"), k=run.cfg.rollout_lag, model=run.model,
+                              engine=run.engine, plain=run.plain, changed="rollout_lag" in changes, step=start,
+                              path=ckpt)
         kept = check_steps([r for r in read_metrics(run.path("metrics.jsonl")) if r["step"] < start])
     except (OSError, ValueError, RuntimeError) as e:
         sys.exit(f"error: cannot resume {run.out}: {e}")

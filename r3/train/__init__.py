@@ -7,6 +7,6 @@ rollout/).
   grpo.py      GRPO / Dr. GRPO / GSPO losses, TIS / IcePop / MIS, returning (loss, metrics)
   metrics.py   mismatch metrics: kl, F(τ), flip rates
   evaluate.py  held-out evaluation;  fidelity.py  gradient fidelity: the update against the on-policy gradient
-  guard.py     the collapse guard
+  guard.py     the collapse guard;  lag.py  --rollout-lag: the FIFO of the engine's past weights
   warmup.py    the cached supervised warm-up and `load_model`;  launch.py  train.py's policy, task and engines
 """

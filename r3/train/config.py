@@ -125,6 +125,14 @@ class TrainConfig(SamplingConfig):
     old_logp: str = flag("trainer", "π_old in the PPO ratio: trainer (the fp32 old-policy pass, the default) or "
                                     "engine (the rollout engine's log-probs, as slime can: the ratio then carries the "
                                     "whole train/inference mismatch)", choices=["trainer", "engine"])
+    rollout_lag: int = flag(0, "asynchronous RL: the engine samples step t with the trainer's weights from the start "
+                               "of step t − K (the first K steps with the initial weights), as a K-step off-policy "
+                               "trainer does (verl one-step-off, AReaL, slime async); 0 = synced every step. π_old "
+                               "stays the trainer's own log-probs at the weights it updates from (--old-logp "
+                               "trainer), the stale engine's kept for --is-correction; --old-logp engine takes the "
+                               "stale engine's as π_old (no recompute). Costs K copies of the engine's weights in "
+                               "CPU memory and in ckpt.pt; the in-process engine only (docs/async.md)",
+                            domain=INT_GE0)
     is_correction: str = flag("none", "rollout-vs-train importance correction (tis truncates at C; icepop/mis "
                                       "mask outside [1/C, C])", choices=["none", "tis", "icepop", "mis"])
     is_cap: float = flag(2.0, "C for --is-correction", domain=AT_LEAST_1)
@@ -237,6 +245,9 @@ class TrainConfig(SamplingConfig):
                 parse_engine(self.engine)
             except ValueError as e:
                 raise ValueError(f"--engine: {e}, or local") from None
+        if self.rollout_lag and (self.engine != "local" or self.rollouts):
+            raise ValueError("--rollout-lag delays the in-process engine's weight sync; a server engine loads every "
+                             "update and --rollouts were sampled already: drop --rollout-lag")
         if self.allow_other_model and not self.rollouts:
             raise ValueError("--allow-other-model applies to --rollouts only")
         if self.eval_trainer and (self.model or not self.eval_every):
@@ -287,7 +298,7 @@ class TrainConfig(SamplingConfig):
 # The fields that define a run: a --resume that changes one is refused unless --allow-change names it.
 RUN_DEFINING = ("preset", "model", "dense", "task", "warmup_steps", "warmup_until", "router_levels", "seed",
                 "init_seed", "prompts_per_step", "group_size", "rollout_dtype", "temperature", "top_p",
-                "max_new_tokens", "replay", "lr", "lr_warmup",
+                "max_new_tokens", "replay", "lr", "lr_warmup", "rollout_lag",
                 "grad_clip", "mini_steps", "loss", "old_logp", "clip_low", "clip_high", "is_correction", "is_cap",
                 "engine", "rollouts", "shards", "logprob_chunk", "guard_reward_drop", "guard_kl_max", "on_collapse")
 

@@ -9,21 +9,24 @@ rollout engine, the task and its held-out prompts, and (--rollouts) the batches 
 These take train.py's `TrainConfig`: they are its set-up, kept apart so that the script reads as its loop. A refusal
 is one `error: ...` line and exit 1 (`sys.exit`, shown by `r3.errors.run_main` without a traceback).
 """
+import json
 import math
 import os
 import sys
+from dataclasses import asdict, fields
 from typing import NamedTuple
 
 import torch
 
-from r3.rollout.batch import load_rollouts
+from r3.rollout.batch import load_rollouts, rollout_folders
 from r3.runs.checkpoint import model_digest
 from r3.train.collect import check_shardable
-from r3.train.config import TrainConfig
+from r3.train.config import RUN_DEFINING, TrainConfig
 from r3.rollout.engine import Engine
 from r3.train.evaluate import heldout_examples
 from r3.scale.fsdp import load_policy
 from r3.scale.hf import load_config, load_tokenizer
+from r3.runs.runfolder import check_output_folder, check_resume
 from r3.tasks.jsonl_task import make_jsonl_task
 from r3.rollout.remote import make_engine
 from r3.tasks.tasks import EOS, PAD, make_task
@@ -154,3 +157,39 @@ def check_mini_steps(k: int, rows: int, what: str, lead: bool) -> None:
     if chunks != k and lead:
         print(f"note: --mini-steps {k} on {rows} rows per shard makes {chunks} minibatches of "
               f"{math.ceil(rows / k)} rows (torch.chunk)")
+
+
+# run-defining fields added after runs were saved without them; their default is what those runs did
+NEWER_FIELDS = ("warmup_until", "router_levels", "rollout_lag")
+
+
+def check_launch(cfg: TrainConfig) -> str:
+    """Refusals that need no model (every rank decides the same), a resume's changed run-defining flags among them;
+    returns the run folder."""
+    if "RANK" in os.environ and not cfg.model:
+        sys.exit("error: under torchrun, pass --model PATH (FSDP runs start from an HF checkpoint; the toy presets "
+                 "run in one process)")
+    if "RANK" in os.environ and cfg.resume:
+        sys.exit("error: --resume is not supported under torchrun: FSDP runs save model weights only (OUT/hf), not "
+                 "the optimizer and RNG state a bit-identical resume needs. Start a new run with --model OUT/hf")
+    if cfg.rollouts:
+        rollout_folders(cfg.rollouts, notes=False)  # a missing folder or a gap in its steps: before the warm-up
+    out = cfg.out_dir()
+    check_output_folder(out, "--out")
+    if os.path.exists(os.path.join(out, "metrics.jsonl")) and not (cfg.resume or cfg.overwrite):
+        sys.exit(f"error: {out} already holds a run; pass --resume to continue it or --overwrite to replace it")
+    if cfg.resume and os.path.exists(os.path.join(out, "ckpt.pt")):
+        try:  # changed run-defining flags: refused before the warm-up builds anything (resume() checks again)
+            resume_changes(cfg, out)
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: cannot resume {out}: {e}")
+    return out
+
+
+def resume_changes(cfg: TrainConfig, out: str) -> dict:
+    """The changes to run-defining flags since OUT/args.json that --allow-change allows; any other is refused
+    (RunFolderError naming each)."""
+    with open(os.path.join(out, "args.json")) as f:
+        saved = json.load(f)
+    saved = {**{f.name: f.default for f in fields(TrainConfig) if f.name in NEWER_FIELDS}, **saved}  # the default
+    return check_resume(saved, asdict(cfg), RUN_DEFINING, allow=set(cfg.allowed_changes()))
