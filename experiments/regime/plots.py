@@ -1,5 +1,8 @@
 """The regime grid's figures: every run's held-out curve per cell (grid.png), every run's train-inference kl over
-training per cell (kl.png), and the dose-response with survival curves (dose.png)."""
+training per cell (kl.png), the dose-response with survival curves (dose.png), and round 5's collapse rates and held-out
+curves (confirm.png)."""
+import statistics
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -119,4 +122,57 @@ def dose_figure(data: dict, cal: dict, path: str) -> None:
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def confirm_figure(data: dict, curves: dict, path: str) -> None:
+    """Round 5 in one look. Left: the share of runs that collapsed (sustained rule) per method with its Wilson 95 %
+    interval, no replay and R3 first. Then one panel per confirmation setting: every run's held-out accuracy (thin),
+    the median over seeds at each evaluation (thick) and the band between the 25th and 75th percentiles, no replay
+    in red and R3 in blue."""
+    from experiments.regime import confirm
+    conf, comp = data["confirmation"], data["comparison"]
+    bars = []  # (label, rate, lo, hi, colour)
+    for r in conf["rows"]:
+        for arm in ("none", "r3"):
+            n = r[f"n_{arm}"]
+            if n:
+                lo, hi = r[f"rate_{arm}_ci"]
+                bars.append((f"{'no replay' if arm == 'none' else 'R3'}, {r['setting']} (n={n})", r[f"rate_{arm}"],
+                             lo, hi, ARM_COLORS[arm]))
+    for a, x in comp["arms"].items():
+        if a not in ("none", "r3") and x["n"]:
+            bars.append((f"{a}, {confirm.COMPARE_SETTING} (n={x['n']})", x["rate"], *x["rate_ci"],
+                         "tab:purple" if "r3" in a else "tab:gray"))
+    fig, axes = plt.subplots(1, 1 + len(confirm.CONFIRM_SETTINGS), figsize=(6 + 5 * len(confirm.CONFIRM_SETTINGS), 5),
+                             gridspec_kw=dict(width_ratios=[1.2] + [1] * len(confirm.CONFIRM_SETTINGS)))
+    ax = axes[0]
+    for i, (label, rate, lo, hi, colour) in enumerate(bars):
+        ax.errorbar(rate, i, xerr=[[rate - lo], [hi - rate]], fmt="o", color=colour, capsize=3)
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("share of runs that collapsed (95 % Wilson interval)")
+    status = "" if conf["complete"] else f" (partial: {conf['runs']} of {conf['total']} runs)"
+    ax.set_title(f"collapse rate per method{status}", fontsize=9)
+    for ax, setting in zip(axes[1:], confirm.CONFIRM_SETTINGS):
+        for arm in ("none", "r3"):
+            runs = curves.get(f"{setting}/{arm}/n4", {})
+            for pts in runs.values():
+                ax.plot(*zip(*pts), color=ARM_COLORS[arm], lw=0.4, alpha=0.35)
+            steps = sorted({s for pts in runs.values() for s, _ in pts})
+            at = [[a for pts in runs.values() for s, a in pts if s == st] for st in steps]
+            if len(runs) >= 2:
+                q = [statistics.quantiles(v, n=4, method="inclusive") if len(v) >= 2 else [v[0]] * 3 for v in at]
+                ax.fill_between(steps, [x[0] for x in q], [x[2] for x in q], color=ARM_COLORS[arm], alpha=0.15)
+            if runs:
+                ax.plot(steps, [statistics.median(v) for v in at], color=ARM_COLORS[arm], lw=2.2,
+                        label=f"{'no replay' if arm == 'none' else 'R3'} (median of {len(runs)}; band: quartiles)")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("step")
+        ax.set_ylabel("held-out accuracy (sampled by the engine)")
+        ax.set_title(f"{setting}: every run thin", fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
