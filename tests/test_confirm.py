@@ -90,7 +90,8 @@ def test_the_report_reads_the_rule_from_the_records(tmp_path, monkeypatch):
     rows = {r["setting"]: r for r in conf["rows"]}
     for setting, r in rows.items():
         cells = data["cells"]
-        fell = [sum(x["collapse_step"] is not None for x in cells[f"{setting}/{a}/n4"].values()) for a in ("none", "r3")]
+        fell = [sum(x["collapse_step"] is not None for x in cells[f"{setting}/{a}/n4"].values())
+                for a in ("none", "r3")]
         assert (r["collapsed_none"], r["collapsed_r3"]) == tuple(fell) and r["n_none"] == r["n_r3"] == 4
         assert r["p"] == fisher_exact(fell[0], 4, fell[1], 4)
         assert r["confirmed"] is False or r["p_holm"] < 0.05  # partial or not, the rule's own numbers

@@ -159,8 +159,8 @@ def report_md(data: dict) -> str:
     parts += [f"## The comparison at {confirm.COMPARE_SETTING} ({status}; seeds "
               f"{confirm.COMPARE_SEEDS[0]}-{confirm.COMPARE_SEEDS[-1]}; none and r3 are the confirmation's runs)",
               f"Tests (fixed before any run): {confirm.COMPARE_TESTS_TEXT}.",
-              "| arm | flags | fell [Wilson 95 %] | held-out area | drawdown | median max grad norm | mean kl | kl trend "
-              "| share corrected | prediction |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(
+              "| arm | flags | fell [Wilson 95 %] | held-out area | drawdown | median max grad norm | mean kl "
+              "| kl trend | share corrected | prediction |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(
                   f"| {a} | `{' '.join(f'{n} {v}' for n, v in confirm.ARMS[a]) or '(base)'}` | "
                   f"{x['collapsed']}/{x['n']} ({_ci(x['rate'], x['rate_ci'])} %) | {fmt(x['heldout_area'])} | "
                   f"{fmt(x['max_drawdown'])} | {fmt(x['median_max_grad_norm'])} | {fmt(x['mean_kl'])} | "
