@@ -255,6 +255,18 @@ REGISTRY = (
           note="tiers 1 and 2 of the pre-registered dose-response grid (experiments/regime/design.py), one record "
                "per finished run; PARTIAL until grid.json says complete: `--report` rewrites the tables from the "
                "runs finished so far and the command resumes the rest (about 25 core-hours)"),
+    Entry("confirm", "results/regime/confirm", ("confirm.json", "confirm.md", "confirm.png", "records/*.jsonl.gz"),
+          ("python -m experiments.regime --confirm --jobs 2", "python -m experiments.regime --compare --jobs 2"),
+          wall_s=300000,
+          check_commands=("python -m experiments.regime --confirm --report --records results/regime/confirm/records "
+                          "--out {out}",), check_wall_s=20, quick=True,
+          any_cpu="made from the committed run records, not by a model",
+          checks=(Check("confirm.json", default="the tables are a function of the committed run records (and of "
+                                                "the regime grid's, for the pooled numbers)"),),
+          note="round 5 (experiments/regime/confirm.py, fixed before its runs): 96 confirmation runs and 112 "
+               "comparison runs of 800 steps, one record per finished run; PARTIAL until confirm.json says complete "
+               "(`--report` rewrites the tables from the runs finished so far, the commands resume the rest; about "
+               "20 min a run on one thread beside other work, some 40 core-hours in all)"),
     Entry("claims", "results", ("claims.json", "claims.md"), ("python -m experiments.claims --out {out}/claims.json",),
           wall_s=2420,
           checks=(Check("claims.json", (("wall_s*", "skip", WALL),),
