@@ -93,7 +93,8 @@ def test_the_interval_check_passes_agreement_and_fails_contradiction():
 def test_reproduce_checks_exactly_where_this_cpu_has_a_reference_else_by_claims_or_skips(monkeypatch, capsys):
     xeon = rp.made_on(os.path.join(ROOT, "results", "mismatch_table.json"))
     twin_cpus = {rp.made_on(os.path.join(ROOT, rp.CPU_REFS, d, "mismatch_table", "mismatch_table.json"))
-                 for d in os.listdir(os.path.join(ROOT, rp.CPU_REFS))}
+                 for d in os.listdir(os.path.join(ROOT, rp.CPU_REFS))
+                 if os.path.isdir(os.path.join(ROOT, rp.CPU_REFS, d, "mismatch_table"))}
     claims_cpu = rp.made_on(os.path.join(ROOT, "results", "claims.json"))
     for cpu in {xeon, *twin_cpus}:  # the entry's own file, or this CPU's twin: exact, as before
         monkeypatch.setattr(rp, "cpu_name", lambda cpu=cpu: cpu)

@@ -27,8 +27,8 @@ def owners(path: str) -> list[str]:
     per-CPU twin (results/cpu/SLUG/ENTRY/FILE) belongs to ENTRY when FILE is one it checks."""
     parts = path.split("/")
     if path.startswith(rp.CPU_REFS + "/"):
-        return [e.name for e in REGISTRY if len(parts) == 5 and e.name == parts[3]
-                and parts[4] in [c.file for c in e.checks]]
+        return [e.name for e in REGISTRY if len(parts) >= 5 and e.name == parts[3]
+                and "/".join(parts[4:]) in [c.file for c in e.checks]]
 
     def match(e, pattern):
         rel = os.path.relpath(path, e.out)
