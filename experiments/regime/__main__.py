@@ -7,10 +7,15 @@
   python -m experiments.regime --confirm       # round 5: the confirmation on fresh seeds 8-31 (confirm.py), --jobs 2
   python -m experiments.regime --compare       # round 5: the comparison's other seven arms at lv3-clip, seeds 8-23
   python -m experiments.regime --confirm --report   # round 5's tables from its records (results/regime/confirm)
+  python -m experiments.regime --levers        # issue 50: the levers' rows (lag, int4 / fp4 engines), seeds 0-7
+  python -m experiments.regime --levers --report          # their table from the measurements made so far
+  python -m experiments.regime --levers --grid            # the levers' pre-registered grid, seeds 32-39 (then 40-47)
+  python -m experiments.regime --levers --grid --report   # its tables from its records (results/regime/levers)
 
 The design (dial positions, depth rule, steps rule, cells, collapse rule, tests, predictions) is fixed in
 experiments/regime/design.py before any measurement; docs/regime.md reads the results. Round 5's design is
-experiments/regime/confirm.py, fixed before its first run; docs/confirm.md reads its results.
+experiments/regime/confirm.py, fixed before its first run; docs/confirm.md reads its results. The levers' design
+is experiments/regime/levers.py, fixed before their first measurement; docs/levers.md reads them.
 """
 import argparse
 import os
@@ -28,6 +33,8 @@ def parse_args(argv=None):
     p.add_argument("--confirm", action="store_true", help="round 5's confirmation (experiments/regime/confirm.py); "
                    "--out defaults to results/regime/confirm")
     p.add_argument("--compare", action="store_true", help="round 5's comparison arms (the same folder)")
+    p.add_argument("--levers", action="store_true", help="issue 50's levers (experiments/regime/levers.py): their "
+                   "rows, or with --grid their grid; --out defaults to results/regime/levers")
     p.add_argument("--tiers", type=int, nargs="+", default=[1, 2], choices=[1, 2, 3], help="grid tiers to run")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the design's: 0-7 for the "
                    "grid and calibration; confirm.py's for --confirm / --compare)")
@@ -44,8 +51,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
-    if args.confirm and args.compare:
-        p.error("--confirm and --compare run one part each: pass one of them")
+    if sum((args.confirm, args.compare, args.levers)) > 1:
+        p.error("--confirm, --compare and --levers run one part each: pass one of them")
+    if args.levers:
+        return levers_args(p, args)
     if args.confirm or args.compare:
         from experiments.regime import confirm
         allowed = confirm.COMPARE_SEEDS if args.compare else confirm.CONFIRM_SEEDS
@@ -63,9 +72,26 @@ def parse_args(argv=None):
     return args
 
 
+def levers_args(p, args):
+    from experiments.regime import levers
+    allowed = levers.GRID_SEEDS + levers.EXTRA_SEEDS if args.grid else design.SEEDS
+    if args.seeds is not None and not set(args.seeds) <= set(allowed):
+        part = "grid runs seeds 32-47" if args.grid else "rows are measured on the regime table's seeds 0-7"
+        p.error(f"--seeds {' '.join(map(str, args.seeds))}: the levers' {part} only")
+    if not args.grid:
+        args.seeds = list(design.SEEDS) if args.seeds is None else args.seeds
+    args.out = args.out or os.path.join("results", "regime", "levers")
+    args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
+    args.records = args.records or os.path.join(args.out, "records")
+    return args
+
+
 def main(argv=None):
     args = parse_args(argv)
     t0 = time.time()
+    if args.levers:
+        from experiments.regime import levers_run
+        return levers_run.main(args, t0)
     if args.confirm or args.compare:
         from experiments.regime import confirm_run
         return confirm_run.main(args, t0)

@@ -56,8 +56,9 @@ def _job(kind: str, name: str, seed: int, extra: dict) -> dict:
     raise ValueError(kind)
 
 
-def measure_all(out: str, jobs: list[tuple[str, str, int, dict]], workers: int) -> dict:
-    """{file key: result} for `jobs` (kind, name, seed, extra), each read from OUT/measure/KEY.json when made."""
+def measure_all(out: str, jobs: list[tuple[str, str, int, dict]], workers: int, job=None) -> dict:
+    """{file key: result} for `jobs` (kind, name, seed, extra), each read from OUT/measure/KEY.json when made;
+    `job(kind, name, seed, extra)` makes one (default: this module's `_job`; a picklable module-level function)."""
     folder = os.path.join(out, "measure")
     os.makedirs(folder, exist_ok=True)
     key = lambda kind, name, seed: f"{kind}-{name}-s{seed}"  # noqa: E731
@@ -73,7 +74,7 @@ def measure_all(out: str, jobs: list[tuple[str, str, int, dict]], workers: int) 
         print(f"measuring {len(todo)} of {len(jobs)} ({len(jobs) - len(todo)} already in {folder})", flush=True)
         git, t0 = git_state(outputs=(out,)), time.time()  # the checkout as the measurements started
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for (kind, name, seed, _), res in zip(todo, pool.map(_job, *zip(*todo))):
+            for (kind, name, seed, _), res in zip(todo, pool.map(job or _job, *zip(*todo))):
                 res = dict(res, provenance=provenance(git=git, t0=t0))
                 atomic_write_json(os.path.join(folder, key(kind, name, seed) + ".json"), res)
                 have[key(kind, name, seed)] = res

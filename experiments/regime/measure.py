@@ -87,10 +87,11 @@ def step_model(run_dir: str, spec: Spec, step: int) -> Transformer:
 
 @torch.no_grad()
 def measure(model: Transformer, task, spec: Spec, prompts: int = MEASURE_PROMPTS,
-            samples: int = MEASURE_SAMPLES) -> dict:
-    """The regime quantities of `model` under the setting's engine, on one seeded probe batch."""
+            samples: int = MEASURE_SAMPLES, engine=None) -> dict:
+    """The regime quantities of `model` under the setting's engine (or `engine` as it is: a lagged engine restored
+    from a checkpoint), on one seeded probe batch."""
     batch, _ = rollout(model, task, num_prompts=prompts, group_size=samples, dtype=spec.dtype,
-                       router_levels=spec.router_levels, seed=MEASURE_SEED)
+                       router_levels=spec.router_levels, seed=MEASURE_SEED, engine=engine)
     mask = batch.loss_mask
     none = old_policy_pass(model, batch, replay="none")
     out = dict(none.metrics)

@@ -97,14 +97,18 @@ def my_shards(num_shards: int, rank: int, world: int) -> list[int]:
 @torch.no_grad()
 def rollout(model: Transformer, task: Task, *, num_prompts: int, group_size: int, dtype: str, seed: int,
             temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int | None = None,
-            keep_logp_V: bool = False, router_levels: int | None = None) -> tuple[Batch, list[Example]]:
+            keep_logp_V: bool = False, router_levels: int | None = None,
+            engine: Engine | None = None) -> tuple[Batch, list[Example]]:
     """Sample prompts from `task` (seeded), generate at rollout precision `dtype`, fill `rewards` and meta.
+    `engine`: sample with this engine as it is (e.g. a lagged one restored from a checkpoint) instead of a fresh
+    Engine(model, dtype, router_levels).
 
     One generator, seeded once, draws the prompts and then the samples: same seed, same batch, bit for bit.
     """
     g = torch.Generator().manual_seed(seed)
     examples = task.sample(num_prompts, g)
-    batch = Engine(model, dtype, router_levels=router_levels).generate(
+    engine = engine if engine is not None else Engine(model, dtype, router_levels=router_levels)
+    batch = engine.generate(
         [e.prompt for e in examples], max_new_tokens=max_new_tokens or task.max_new_tokens, eos_ids=(EOS,),
         pad_id=PAD, group_size=group_size, temperature=temperature, top_p=top_p, generator=g,
         keep_logp_V=keep_logp_V)

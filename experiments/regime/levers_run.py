@@ -1,0 +1,166 @@
+"""The levers: their rows, and the grid levers.py pre-registers (`python -m experiments.regime --levers ...`).
+
+  grid_run(cell, seed, runs_dir)   (run folder, train.py flags, steps) of one grid run: natural-clip/none/n4 of the
+                                   regime grid (design.COMMON + design.CLIP_FLAGS) with --is-cap 2, the setting's lever
+                                   (--rollout-lag K, or --preset P --rollout-dtype int4) and the arm's flags
+  plan(rows, runs_dir, seeds)      every run of the grid, seed-major; refused until the rows decide its two rules
+  extended(cells)                  EXTEND_TEXT: the settings whose cells go on to seeds 40-47
+  grid_tests(cells)                TESTS_TEXT: both families, Fisher and paired permutations, Holm
+Runs are the sweep's (experiments/sweep.py): resumable, one record per finished run in OUT/records, from which the
+grid's tables are made (OUT/grid.{json,md}). OUT is results/regime/levers.
+"""
+import os
+
+from experiments.common import fmt, write_results
+from experiments.regime import design, levers
+from experiments.regime.grid import _paired, cell_entry, cell_run, run_row
+from experiments.stats import fisher_exact, holm
+from experiments.sweep import finished, run_all, set_flag
+from r3.errors import InputError
+
+
+def setting_flags(setting: str, flags: list[str]) -> list[str]:
+    """`flags` with the lever of SETTING: lagK-clip or PRESET-int4-clip."""
+    lever = setting.removesuffix("-clip")
+    if setting == lever:
+        raise ValueError(f"{setting!r}: every lever grid setting runs the clipped update (-clip)")
+    if lever.startswith("lag") and lever[3:].isdigit():
+        return set_flag(flags, "--rollout-lag", lever[3:])
+    if lever in levers.LOWBIT_ROWS:
+        preset, dtype = levers.LOWBIT_ROWS[lever]
+        return set_flag(set_flag(flags, "--preset", preset), "--rollout-dtype", dtype)
+    raise ValueError(f"unknown lever setting {setting!r}")
+
+
+def grid_run(cell: str, seed: int, runs_dir: str) -> tuple[str, list[str], int]:
+    setting, arm, n = cell.split("/")
+    if arm not in levers.ARMS:
+        raise ValueError(f"unknown arm {arm!r} in {cell!r}; choose from {', '.join(levers.ARMS)}")
+    _, flags, _ = cell_run(f"natural-clip/none/{n}", seed, runs_dir, levers.STEPS)
+    flags = setting_flags(setting, set_flag(flags, "--is-cap", levers.IS_CAP))
+    for name, value in levers.ARMS[arm]:
+        flags = set_flag(flags, name, value)
+    return os.path.join(runs_dir, f"{setting}-{arm}-{n}-s{seed}"), flags, levers.STEPS
+
+
+def decided(rows: dict) -> tuple[int, str]:
+    """(K*, the int4 preset) from rows.json's data; InputError while either rule is undecided."""
+    if rows.get("k_star") is None or rows.get("int4_preset") is None:
+        raise InputError(f"the lever grid needs both rules decided from complete rows (K*: {rows.get('k_star')}, "
+                         f"int4 preset: {rows.get('int4_preset')}; {rows.get('int4_why')}): run `python -m "
+                         f"experiments.regime --levers` and commit its measurements first")
+    return rows["k_star"], rows["int4_preset"]
+
+
+def plan(rows: dict, runs_dir: str, seeds) -> list[tuple[str, int, str, list[str], int]]:
+    """(cell, seed, run folder, flags, steps) of every run of `seeds`, seed-major."""
+    k_star, preset = decided(rows)
+    cells = levers.grid_cells(k_star, preset)
+    return [(c, s, *grid_run(c, s, runs_dir)) for s in seeds for c in cells]
+
+
+def pairs(cells: list[str]) -> list[tuple[str, str, str]]:
+    """(family, a, b) of TESTS_TEXT among `cells`, a predicted to fall more."""
+    out = []
+    for setting in dict.fromkeys(c.split("/")[0] for c in cells):
+        has = lambda arm: f"{setting}/{arm}/n4" in cells  # noqa: E731
+        c = lambda arm: f"{setting}/{arm}/n4"  # noqa: E731
+        out += [("A", c("none"), c("r3"))] if has("none") and has("r3") else []
+        out += [("B", c("none"), c("tis"))] if has("none") and has("tis") else []
+        out += [("B", c("tis"), c("r3"))] if has("tis") and has("r3") else []
+        out += [("B", c("r3"), c("r3-tis")), ("B", c("none"), c("r3-tis"))] if has("r3-tis") else []
+    return out
+
+
+def grid_tests(cells: dict) -> list[dict]:
+    """Every pair's three tests, Holm within (family, metric)."""
+    res = []
+    for family, a, b in pairs(list(cells)):
+        ca, cb = cells[a], cells[b]
+        if not ca["n"] or not cb["n"]:
+            continue
+        res.append(dict(family=family, a=a, b=b, metric="collapsed", effect=ca["collapsed"] / ca["n"] -
+                        cb["collapsed"] / cb["n"], p=fisher_exact(ca["collapsed"], ca["n"], cb["collapsed"], cb["n"]),
+                        counts=f"{ca['collapsed']}/{ca['n']} vs {cb['collapsed']}/{cb['n']}"))
+        for key in ("heldout_area", "max_drawdown"):
+            effect, p, n, lo, hi = _paired(ca["runs"], cb["runs"], key)
+            res.append(dict(family=family, a=a, b=b, metric=key, p=p, effect=effect, lo=lo, hi=hi,
+                            counts=f"{n} paired seeds"))
+    for fam in ("A", "B"):
+        for metric in ("collapsed", "heldout_area", "max_drawdown"):
+            group = [t for t in res if t["family"] == fam and t["metric"] == metric]
+            for t, q in zip(group, holm([t["p"] for t in group])):
+                t["p_holm"] = q
+    for t in res:
+        t["r3_holds"] = (t["family"] == "A" and t["metric"] == "collapsed" and t["p_holm"] < 0.05 and t["effect"] > 0)
+    return res
+
+
+def extended(cells: dict, seeds=levers.GRID_SEEDS) -> list[str]:
+    """EXTEND_TEXT: the settings whose every cell finished `seeds` and one of whose pairs separates there."""
+    out = []
+    for setting in dict.fromkeys(c.split("/")[0] for c in cells):
+        mine = {c: v for c, v in cells.items() if c.startswith(setting + "/")}
+        if not all(set(seeds) <= set(v["runs"]) for v in mine.values()):
+            continue
+        first = {c: cell_entry({s: v["runs"][s] for s in seeds}) for c, v in mine.items()}
+        for t in grid_tests(first):
+            if (t["metric"] == "collapsed" and abs(t["effect"]) * len(seeds) >= 2 - 1e-9) or \
+                    (t["metric"] == "heldout_area" and t["p"] < 0.1):
+                out.append(setting)
+                break
+    return out
+
+
+def collect(runs: list[tuple], records: str) -> dict:
+    """{cell: cell_entry} of the finished runs among `runs`."""
+    done = {}
+    for c, s, out, flags, steps in runs:
+        if (rec := finished(out, flags, steps, records)) is not None:
+            done.setdefault(c, {})[s] = run_row(rec[0].get("commit"), rec[1])
+    return {c: cell_entry(runs) for c, runs in done.items()}
+
+
+def write_grid(out: str, cells: dict, rows: dict, ext: list[str], t0: float) -> dict:
+    ts = grid_tests(cells)
+    lines = ["| cell | collapsed | best / final held-out (mean) | held-out area | max drawdown (mean) |",
+             "|---" * 5 + "|"]
+    for c, e in cells.items():
+        rs = list(e["runs"].values())
+        m = lambda k: fmt(sum(r[k] for r in rs if r[k] is not None) / max(1, len(rs)))  # noqa: E731
+        lines.append(f"| {c} | {e['collapsed']} of {e['n']} | {m('best_heldout')} / {m('final_heldout')} | "
+                     f"{m('heldout_area')} | {m('max_drawdown')} |")
+    tl = ["| family | a | b | metric | a vs b | effect (a - b) | p | p (Holm) |", "|---" * 8 + "|"]
+    tl += [f"| {t['family']} | {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])} | "
+           f"{fmt(t['p'])} | {fmt(t['p_holm'])} |" for t in ts]
+    text = "\n\n".join([
+        "# The levers' grid (pre-registered in experiments/regime/levers.py)",
+        f"K* = {rows['k_star']}; int4 on {rows['int4_preset']} ({rows['int4_why']}). Update: {levers.UPDATE_TEXT}.",
+        f"Settings extended to seeds 40-47: {', '.join(ext) or 'none'} ({levers.EXTEND_TEXT}).",
+        "\n".join(lines), f"## Tests\n\n{levers.TESTS_TEXT}.", "\n".join(tl)])
+    data = dict(cells=cells, tests=ts, extended=ext, k_star=rows["k_star"], int4_preset=rows["int4_preset"],
+                predictions=levers.GRID_PREDICTIONS)
+    write_results(os.path.join(out, "grid.json"), data, md=text, t0=t0)
+    return data
+
+
+def main(args, t0: float) -> dict:
+    from experiments.regime import levers_measure, levers_report
+    if not args.grid:
+        if not args.report:
+            levers_measure.make_rows(args.out, args.runs_dir, args.seeds, args.jobs)
+        data = levers_report.rows_data(args.out, args.seeds)
+        levers_report.write_rows(args.out, data, t0)
+        return data
+    rows = levers_report.rows_data(args.out, design.SEEDS)
+    first = plan(rows, args.runs_dir, [s for s in levers.GRID_SEEDS if args.seeds is None or s in args.seeds])
+    if not args.report:
+        run_all([r[2:] for r in first], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
+                records=args.records)
+    ext = extended(collect(first, args.records))
+    more = [r for r in plan(rows, args.runs_dir, levers.EXTRA_SEEDS) if r[0].split("/")[0] in ext
+            and (args.seeds is None or r[1] in args.seeds)]
+    if more and not args.report:
+        run_all([r[2:] for r in more], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
+                records=args.records)
+    return write_grid(args.out, collect(first + more, args.records), rows, ext, t0)
