@@ -24,6 +24,7 @@ that a test that kills or holds a run does not race the machine's speed.
 """
 import errno
 import fnmatch
+import importlib.util
 import os
 import resource
 import runpy
@@ -35,6 +36,16 @@ import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOPPED = os.path.abspath(__file__)
+
+
+def bind_r3() -> None:
+    """Import this checkout's r3 package as `r3` (what train.py, run from this checkout, imports), without editing
+    sys.path: run as a script, this file sees tests/ first on the path and maybe another checkout's r3 installed."""
+    init = os.path.join(ROOT, "r3", "__init__.py")
+    spec = importlib.util.spec_from_file_location("r3", init, submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["r3"] = module
+    spec.loader.exec_module(module)
 
 
 def held(argv: list[str], cwd) -> subprocess.Popen:
@@ -123,7 +134,7 @@ def main() -> None:
     k, how, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     sig = dict(int=signal.SIGINT, term=signal.SIGTERM, usr1=signal.SIGUSR1, int2=signal.SIGINT)
     assert how in ("kill", "save", "hold") or how.split("@")[0] in sig or how.split(":")[0] in ("full", "fsize"), how
-    sys.path.insert(0, ROOT)  # this checkout's r3, whatever the working directory
+    bind_r3()  # this checkout's r3, whatever the working directory and whatever r3 is installed
     import r3.runs.checkpoint
     import r3.runs.io
     import r3.runs.runfolder

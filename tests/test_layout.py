@@ -4,7 +4,8 @@ top in the order r3/__init__.py declares (a file that imports a higher wing is n
 import graph has no cycles, the toy tasks import nothing from r3 but its error types (no engine in the task file),
 library files stay under 400 lines and no function in r3/ or the two scripts is over 60 lines. experiments/ is one
 package per study, each runnable as `python -m experiments.STUDY`, none importing another study, the shared modules
-at the top importing no study, no import circle, no sys.path edits, and no study file over 400 lines."""
+at the top importing no study, no import circle, no sys.path edits (nor in tests/), and no study file over
+400 lines."""
 import ast
 import glob
 import os
@@ -163,7 +164,7 @@ def test_experiments_are_one_package_per_study_that_imports_no_other():
 def test_experiments_have_no_import_circle_no_path_edits_and_short_study_files():
     graph = {experiments_module(f): {m for _, m in imports(f, "experiments")} for f in experiments_files()}
     no_cycles(graph)
-    for f in experiments_files() + r3_files():
+    for f in experiments_files() + r3_files() + glob.glob(os.path.join(ROOT, "tests", "*.py")):
         for node in ast.walk(ast.parse(open(f).read())):
             if isinstance(node, ast.Attribute) and ast.unparse(node) == "sys.path":
                 raise AssertionError(f"{os.path.relpath(f, ROOT)}:{node.lineno} edits sys.path")
