@@ -45,14 +45,12 @@ import tempfile
 import time
 
 from experiments import claims, seed_band
+from experiments.entry import Check, Entry
+from experiments.registry import BY_NAME, REGISTRY
 from r3.errors import run_main
 from r3.runs.provenance import cpu_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-from experiments.registry import BY_NAME, REGISTRY, Check, Entry  # noqa: F401 (the registry, re-exported)
-
-
 
 
 # ------------------------------------------------------------------------------------------------ comparing files

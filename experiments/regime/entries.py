@@ -1,0 +1,56 @@
+"""The regime study's committed results, as experiments.reproduce remakes and checks them (regime, regime_grid,
+confirm). Gathered by experiments/registry.py; the fields are experiments/entry.py's.
+"""
+from experiments.entry import Check, Entry
+from experiments.seed_band import Band, Key
+
+REGIME_CHECKED = ("natural", "lv15", "lv7", "lv5", "lv3", "oracle")  # the settings whose seed-0 start is rechecked
+# the regime table's claims (README, docs/regime.md): flips, kl with and without replay, R3's cut, and S
+REGIME_KEYS = (Key("router_flip_rate"), Key("token_flip_rate"), Key("kl", "log"), Key("kl_r3", "log"),
+               Key("kl/kl_r3", "log", null=1.0, side=">"), Key("exposure", "log"))
+
+ENTRIES = (
+    Entry("regime", "results/regime", ("regime.json", "regime.md", "regime.png",
+                                       *(f"measure/start-{name}-s0.json" for name in REGIME_CHECKED),
+                                       "measure/fixed80-natural-s0.json", "measure/start-*-s[1-9].json",
+                                       "measure/fixed80-natural-s[1-9].json", "measure/after-*.json",
+                                       "measure/depth-*.json", "measure/walk-*.json", "measure/timing.json",
+                                       "pilot-records/*.jsonl.gz", "demo-records/*.jsonl.gz"),
+          ("python -m experiments.regime --jobs 2 --out {out}",), wall_s=14400,
+          check_commands=("python -m experiments.regime --start-only --seeds 0 --jobs 1 --out {out}",),
+          check_wall_s=60, quick=True,
+          checks=tuple(Check(f"measure/start-{name}-s0.json", default="seed 0's start-matched warm-up, sampled and "
+                             "scored on one thread") for name in REGIME_CHECKED)
+          + (Check("measure/fixed80-natural-s0.json"),),
+          bands=tuple(Band(f"measure/{name}-s0.json", f"measure/{name}-s[0-7].json", REGIME_KEYS)
+                      for name in (*(f"start-{n}" for n in REGIME_CHECKED), "fixed80-natural")),
+          note="the regime table and calibration, before any grid run: start-of-RL measurements of every setting "
+               "(seeds 0-7), the none/n4 grid runs to step 200 and their policies measured, the steps pilot (r3 at "
+               "the strongest position, 1000 steps), the depth rule's warm-ups (up to 48 layers), the walk task and "
+               "its demo (regime.md names the parts still pending); one JSON per measurement in measure/, made once "
+               "and reused. The quick check remakes seed 0's start measurements exactly. Wall measured beside other "
+               "work on 2 shared cores (several hours)"),
+    Entry("regime_grid", "results/regime", ("grid.json", "grid.md", "grid.png", "kl.png", "dose.png",
+                                              "records/*.jsonl.gz"),
+          ("python -m experiments.regime --grid --jobs 2 --out {out}",), wall_s=90000,
+          check_commands=("python -m experiments.regime --report --records results/regime/records "
+                          "--calibration results/regime/regime.json --out {out}",), check_wall_s=30, quick=True,
+          any_cpu="made from the committed run records and regime.json",
+          checks=(Check("grid.json", default="the tables are a function of the committed run records and "
+                                             "regime.json"),),
+          note="tiers 1 and 2 of the pre-registered dose-response grid (experiments/regime/design.py), one record "
+               "per finished run; PARTIAL until grid.json says complete: `--report` rewrites the tables from the "
+               "runs finished so far and the command resumes the rest (about 25 core-hours)"),
+    Entry("confirm", "results/regime/confirm", ("confirm.json", "confirm.md", "confirm.png", "records/*.jsonl.gz"),
+          ("python -m experiments.regime --confirm --jobs 2", "python -m experiments.regime --compare --jobs 2"),
+          wall_s=300000,
+          check_commands=("python -m experiments.regime --confirm --report --records results/regime/confirm/records "
+                          "--out {out}",), check_wall_s=20, quick=True,
+          any_cpu="made from the committed run records, not by a model",
+          checks=(Check("confirm.json", default="the tables are a function of the committed run records (and of "
+                                                "the regime grid's, for the pooled numbers)"),),
+          note="round 5 (experiments/regime/confirm.py, fixed before its runs): 96 confirmation runs and 112 "
+               "comparison runs of 800 steps, one record per finished run; PARTIAL until confirm.json says complete "
+               "(`--report` rewrites the tables from the runs finished so far, the commands resume the rest; about "
+               "20 min a run on one thread beside other work, some 40 core-hours in all)"),
+)
