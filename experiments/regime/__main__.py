@@ -11,6 +11,7 @@
   python -m experiments.regime --levers --report          # their table from the measurements made so far
   python -m experiments.regime --levers --grid            # the levers' pre-registered grid, seeds 32-39 (then 40-47)
   python -m experiments.regime --levers --grid --report   # its tables from its records (results/regime/levers)
+  python -m experiments.regime --look          # see it here: a named seed pair of round 5 beside the committed runs
 
 The design (dial positions, depth rule, steps rule, cells, collapse rule, tests, predictions) is fixed in
 experiments/regime/design.py before any measurement; docs/regime.md reads the results. Round 5's design is
@@ -35,6 +36,13 @@ def parse_args(argv=None):
     p.add_argument("--compare", action="store_true", help="round 5's comparison arms (the same folder)")
     p.add_argument("--levers", action="store_true", help="issue 50's levers (experiments/regime/levers.py): their "
                    "rows, or with --grid their grid; --out defaults to results/regime/levers")
+    p.add_argument("--look", action="store_true", help="a short look (experiments/regime/look.py): one seed pair of "
+                   "round 5's confirmation run here beside its committed runs, with the rate over all finished seeds; "
+                   "--out defaults to results/regime/look")
+    p.add_argument("--setting", default=None, choices=["lv3-clip", "lv3"], help="--look: the confirmation's "
+                   "setting (default lv3-clip)")
+    p.add_argument("--steps", type=int, default=None, help="--look: steps to run (a multiple of 50, at most 800; "
+                   "default: look.py's rule, from the committed no-replay run's fall)")
     p.add_argument("--tiers", type=int, nargs="+", default=[1, 2], choices=[1, 2, 3], help="grid tiers to run")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the design's: 0-7 for the "
                    "grid and calibration; confirm.py's for --confirm / --compare)")
@@ -46,11 +54,16 @@ def parse_args(argv=None):
                    help="calibration parts to leave out of this invocation (their rows stay pending)")
     p.add_argument("--start-only", action="store_true",
                    help="only the start-of-RL measurements of --seeds into OUT/measure (what the quick check remakes)")
-    p.add_argument("--records", default=None, help="--grid/--report: run records (default OUT/records)")
+    p.add_argument("--records", default=None, help="--grid/--report: run records (default OUT/records; with --look "
+                   "the confirmation's, results/regime/confirm/records)")
     p.add_argument("--calibration", default=None, help="--grid/--report: regime.json (default OUT/regime.json)")
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.look:
+        return look_args(p, args)
+    if args.steps is not None or args.setting is not None:
+        p.error("--steps and --setting belong to --look")
     if sum((args.confirm, args.compare, args.levers)) > 1:
         p.error("--confirm, --compare and --levers run one part each: pass one of them")
     if args.levers:
@@ -69,6 +82,21 @@ def parse_args(argv=None):
     args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
     args.records = args.records or os.path.join(args.out, "records")
     args.calibration = args.calibration or os.path.join(args.out, "regime.json")
+    return args
+
+
+def look_args(p, args):
+    from experiments.regime import confirm
+    if args.confirm or args.compare or args.levers or args.grid or args.report or args.start_only:
+        p.error("--look runs on its own: drop --confirm, --compare, --levers, --grid, --report and --start-only")
+    if args.seeds is not None and not set(args.seeds) <= set(confirm.CONFIRM_SEEDS):
+        p.error(f"--seeds {' '.join(map(str, args.seeds))}: the look runs the confirmation's seeds "
+                f"{confirm.CONFIRM_SEEDS[0]}-{confirm.CONFIRM_SEEDS[-1]} only")
+    if args.steps is not None and not (0 < args.steps <= confirm.STEPS and args.steps % 50 == 0):
+        p.error(f"--steps {args.steps}: a multiple of 50 (the evaluation interval) from 50 to {confirm.STEPS}")
+    args.setting = args.setting or "lv3-clip"
+    args.out = args.out or os.path.join("results", "regime", "look")
+    args.records = args.records or os.path.join("results", "regime", "confirm", "records")
     return args
 
 
@@ -92,6 +120,9 @@ def main(argv=None):
     if args.levers:
         from experiments.regime import levers_run
         return levers_run.main(args, t0)
+    if args.look:
+        from experiments.regime import look
+        return look.main(args, t0)
     if args.confirm or args.compare:
         from experiments.regime import confirm_run
         return confirm_run.main(args, t0)

@@ -1,6 +1,6 @@
 """The regime grid's figures: every run's held-out curve per cell (grid.png), every run's train-inference kl over
-training per cell (kl.png), the dose-response with survival curves (dose.png), and round 5's collapse rates and held-out
-curves (confirm.png)."""
+training per cell (kl.png), the dose-response with survival curves (dose.png), round 5's collapse rates and held-out
+curves (confirm.png), and the look's runs over the committed ones (look.png)."""
 import statistics
 
 import matplotlib
@@ -175,4 +175,42 @@ def confirm_figure(data: dict, curves: dict, path: str) -> None:
         ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def look_figure(setting: str, committed: dict, here: dict, steps: int, path: str) -> None:
+    """The look (look.py): a row per seed, a column per arm. This machine's run (solid, thick) over the committed run
+    of the same seed (dashed), every other committed run of the cell thin and grey; a dotted line where the look
+    stopped. committed: {arm: {seed: rows}}; here: {(seed, arm): rows}."""
+    from experiments.rules import sustained_collapse
+    seeds = sorted({s for s, _ in here})
+    fig, axes = plt.subplots(len(seeds), 2, figsize=(11, 3.6 * len(seeds)), sharey=True, squeeze=False)
+    acc = lambda rows: [(r["step"], r["eval/accuracy"]) for r in rows if r.get("eval/accuracy") is not None]  # noqa
+    for i, s in enumerate(seeds):
+        for ax, arm in zip(axes[i], ("none", "r3")):
+            name = "no replay" if arm == "none" else "R3"
+            others = {t: rows for t, rows in committed[arm].items() if t != s}
+            for rows in others.values():
+                if acc(rows):
+                    ax.plot(*zip(*acc(rows)), color="0.6", lw=0.6, alpha=0.6)
+            ax.plot([], [], color="0.6", lw=0.6, label=f"other committed seeds ({len(others)})")
+            if acc(committed[arm].get(s, [])):
+                ax.plot(*zip(*acc(committed[arm][s])), color=ARM_COLORS[arm], ls="--", lw=1.2,
+                        label=f"seed {s}, committed ({len(committed[arm][s])} steps)")
+            if acc(here.get((s, arm), [])):
+                ax.plot(*zip(*acc(here[(s, arm)])), color=ARM_COLORS[arm], lw=2.4, alpha=0.8,
+                        label=f"seed {s}, here ({len(here[(s, arm)])} steps)")
+            ax.axvline(steps - 0.5, color="0.3", ls=":", lw=1)
+            ax.set_ylim(-0.02, 1.02)
+            fell = {k: sustained_collapse(rows)[0] for k, rows in (("committed", committed[arm].get(s, [])),
+                                                                     ("here", here.get((s, arm), [])))}
+            ax.set_title(f"{setting}/{arm}/n4: {name}, seed {s}\n" + "; ".join(
+                f"{k} {'held' if x is None else f'fell at step {x}'}" for k, x in fell.items()), fontsize=9)
+            ax.set_xlabel("step")
+            ax.set_ylabel("held-out accuracy (sampled by the engine)")
+            ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"a look at {setting}: seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} run here "
+                 f"for {steps} steps over the committed runs (the rate over all seeds is in the printout)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
     plt.close(fig)
