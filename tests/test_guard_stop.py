@@ -56,7 +56,7 @@ def test_only_a_stopping_single_process_run_copies_the_step_start():
     model(torch.ones(1, 2)).sum().backward()
     opt.step()
     base = dict(model=model, opt=opt, gens=dict(data=torch.Generator()), guard=train.CollapseGuard(), world=1,
-                step_start=None)
+                step_start=None, lag=None)
     stop = types.SimpleNamespace(cfg=types.SimpleNamespace(on_collapse="stop"), **base)
     s = train.step_start_state(stop)
     assert torch.equal(s["model"]["weight"], model.weight)
