@@ -365,7 +365,8 @@ def main(argv=None) -> int:
     for e in skipped:
         print(f"[{e.name}] not checked: {e.frozen or 'no numbers to compare'}")
     checked = [e for e in entries if e not in skipped]
-    kinds = [check_kind(e, quick=args.quick).split(":")[0] for e in checked]
+    kinds = [check_kind(e, quick=args.quick) for e in checked]
+    kinds = ["skipped" if k.startswith("skipped") else k.split(":")[0] for k in kinds]
     print(f"checking {len(checked)} entries as {here()}: "
           + ", ".join(f"{e.name} ({k})" for e, k in zip(checked, kinds)), flush=True)
     bad = [line for e in checked for line in check(e, quick=args.quick)]
