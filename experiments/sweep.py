@@ -13,7 +13,7 @@ matches its flags counts as finished without its folder, so a committed grid res
 tables are made from the records alone.
 
 The flags the studies share live here too: COMMON (the toy setting) and HEADLINE (the collapse protocol's update,
-which the staleness and regime grids start from), with `with_lr`, `flag_value` and `set_flag` to edit a flag list.
+which the staleness and regime grids start from), with `with_lr`, `flag_value`, `flag_dict` and `set_flag` to read and edit a flag list.
 """
 import gzip
 import json
@@ -244,6 +244,17 @@ def summarize(rows: list[dict], tail: int = 20) -> dict:
 
 def with_lr(common: str, lr: float | None) -> str:
     return common if lr is None else re.sub(r"--lr\s+\S+", "", common).strip() + f" --lr {lr:g}"
+
+
+def flag_dict(flags: list[str]) -> dict:
+    """{--name: value} of a flag list, True for a switch (`--eval-trainer`); a flag given twice is an error."""
+    out = {}
+    for i, tok in enumerate(flags):
+        if tok.startswith("--"):
+            if tok in out:
+                raise ValueError(f"{tok} is given twice in {flags}")
+            out[tok] = flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else True
+    return out
 
 
 def flag_value(flags: list[str], name: str, default: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 from experiments.regime import confirm, confirm_report, confirm_run, design
 from experiments.regime.grid import cell_run
 from experiments.stats import fisher_exact, holm
-from experiments.sweep import read_record, record_path
+from experiments.sweep import flag_dict, read_record, record_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,21 +34,11 @@ def test_confirmation_runs_are_the_regime_grids_runs_on_other_seeds():
         assert flags[:-1] == grid_flags[:-1] and flags[-1] == str(s)  # only --seed differs from seed 0's run
 
 
-def as_dict(flags: list[str]) -> dict:
-    """--name value pairs, and True for a switch (--eval-trainer)."""
-    out = {}
-    for i, f in enumerate(flags):
-        if f.startswith("--"):
-            nxt = flags[i + 1] if i + 1 < len(flags) else "--"
-            out[f] = True if nxt.startswith("--") else nxt
-    return out
-
-
 def test_each_comparison_arm_is_the_base_plus_its_methods_flags():
-    base = as_dict(confirm_run.arm_run("lv3-clip/none/n4", 8, "R")[1])
+    base = flag_dict(confirm_run.arm_run("lv3-clip/none/n4", 8, "R")[1])
     for arm, extra in confirm.ARMS.items():
         out, flags, _ = confirm_run.arm_run(f"lv3-clip/{arm}/n4", 8, "R")
-        got = as_dict(flags)
+        got = flag_dict(flags)
         assert len(flags) == len(confirm_run.arm_run("lv3-clip/none/n4", 8, "R")[1]) + 2 * sum(
             n not in base for n, _ in extra)
         changed = {k: v for k, v in got.items() if base.get(k) != v}

@@ -18,6 +18,7 @@ from experiments.regime.levers_measure import (_job, lag_probe, lag_result, lag_
 from experiments.regime.levers_report import int4_preset, lag_choice, rows_data, write_rows
 from experiments.regime.levers_run import decided, extended, grid_run, grid_tests, plan
 from experiments.regime.measure import Spec, measure
+from experiments.sweep import flag_dict
 from r3.errors import InputError
 from r3.model.model import build_model
 from r3.runs.io import atomic_write_json, read_jsonl
@@ -28,17 +29,8 @@ from r3.train.warmup import preset_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def as_dict(argv):
-    out = {}
-    for i, tok in enumerate(argv):
-        if tok.startswith("--"):
-            assert tok not in out, tok  # a flag given twice would be a bug
-            out[tok] = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
-    return out
-
-
 def diff(a, b):
-    fa, fb = as_dict(a), as_dict(b)
+    fa, fb = flag_dict(a), flag_dict(b)
     return {k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)}
 
 
@@ -57,7 +49,7 @@ def test_grid_arms_are_one_flag_from_their_base_and_carry_their_lever():
     base = cell_run("natural-clip/none/n4", 32, "R", 800)[1]  # the regime grid's clipped update, the natural engine
     assert diff(base, f["lag4-clip/none/n4"]) == {"--rollout-lag", "--is-cap"}
     for c, argv in f.items():
-        d = as_dict(argv)
+        d = flag_dict(argv)
         assert d["--old-logp"] == "trainer" and d["--clip-low"] == "0.2" and d["--grad-clip"] == "1.0"
         assert d["--is-cap"] == "2" and d["--mini-steps"] == "4" and d["--warmup-until"] == "0.3"
         assert d.get("--rollout-lag") == (c[3] if c.startswith("lag") else None)
@@ -72,10 +64,10 @@ def test_row_runs_are_the_regime_grids_natural_runs_plus_the_lever():
     base = cell_run(levers.LAG_BASE_CELL, 3, "R", 200)[1]
     for k in levers.LAGS:
         out, argv, steps = row_run(f"lag{k}", 3, "R")
-        assert diff(base, argv) == {"--rollout-lag"} and as_dict(argv)["--rollout-lag"] == str(k) and steps == 200
+        assert diff(base, argv) == {"--rollout-lag"} and flag_dict(argv)["--rollout-lag"] == str(k) and steps == 200
     out, argv, steps = row_run("qwen3-ratio-fp4", 3, "R")
     assert diff(base, argv) == {"--preset", "--rollout-dtype"} and steps == design.AFTER_STEPS
-    assert as_dict(argv)["--preset"] == "qwen3-ratio" and as_dict(argv)["--old-logp"] == "engine"
+    assert flag_dict(argv)["--preset"] == "qwen3-ratio" and flag_dict(argv)["--old-logp"] == "engine"
     assert lowbit_spec("toy-int4") == Spec("toy-int4", "cipher:32-32", "int4", None, preset="toy")
     rows = regime_rows(levers.LAG_BASE_CELL, 0)  # the committed K = 0 records: flags checked against cell_run
     w = lag_window(rows)

@@ -13,6 +13,7 @@ from experiments.regime import design
 from experiments.regime.calibrate import closest, depth_rule, interval, steps_rule
 from experiments.regime.grid import answer, cell_entry, cell_run, compare, kl_trend, run_row
 from experiments.regime.measure import Spec, measure
+from experiments.sweep import flag_dict
 from r3.model.model import build_model
 from r3.tasks.tasks import make_task
 from r3.train.warmup import preset_config
@@ -22,12 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def flags_of(cell, seed=0):
     """{flag: value (True for a switch)} of one run's command line; a flag given twice would be a bug."""
-    argv, out = cell_run(cell, seed, "R", 600, paper="lv15", walk_T=64)[1], {}
-    for i, tok in enumerate(argv):
-        if tok.startswith("--"):
-            assert tok not in out, tok
-            out[tok] = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else True
-    return out
+    return flag_dict(cell_run(cell, seed, "R", 600, paper="lv15", walk_T=64)[1])
 
 
 def diff(a, b):
