@@ -13,7 +13,8 @@ matches its flags counts as finished without its folder, so a committed grid res
 tables are made from the records alone.
 
 The flags the studies share live here too: COMMON (the toy setting) and HEADLINE (the collapse protocol's update,
-which the staleness and regime grids start from), with `with_lr`, `flag_value`, `flag_dict` and `set_flag` to read and edit a flag list.
+which the staleness and regime grids start from), with `with_lr`, `flag_value`, `flag_dict` and `set_flag` to read
+and edit a flag list.
 """
 import gzip
 import json

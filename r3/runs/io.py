@@ -155,7 +155,8 @@ def atomic_write_json(path: str, obj, indent: int | None = 1) -> None:
 
 
 def read_json_object(path: str, error: type = InputError) -> dict:
-    """A JSON object from `path`; `error` (an InputError) naming the file, and the line and column, when it is not one."""
+    """A JSON object from `path`; `error` (an InputError) naming the file, and the line and column, when it is not
+    one."""
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
