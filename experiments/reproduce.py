@@ -30,7 +30,7 @@ a measurement of the check on a kind of CPU with no twins, on this machine).
 Some entries check with a cheaper command (`check_commands`) that recomputes exactly the keys they compare, e.g.
 route sizes without the long throughput timing. Entries made by code this project has since changed are `frozen`:
 listed with the command of their time and the reason, never remade or checked. To add an entry, append an `Entry` to
-experiments/registry.py.
+its study's experiments/STUDY/entries.py (experiments/registry.py gathers them).
 """
 import argparse
 import json
