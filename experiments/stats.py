@@ -228,7 +228,8 @@ def wilson(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
     z = statistics.NormalDist().inv_cdf(0.5 + level / 2)
     p = k / n
     centre, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, (centre - half) / (1 + z * z / n)), min(1.0, (centre + half) / (1 + z * z / n))
+    lo, hi = (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+    return (0.0 if k == 0 else max(0.0, lo)), (1.0 if k == n else min(1.0, hi))  # exact at the ends (no rounding)
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int, level: float = 0.95) -> tuple[float, float]:

@@ -148,7 +148,7 @@ def confirm_figure(data: dict, curves: dict, path: str) -> None:
                              gridspec_kw=dict(width_ratios=[1.2] + [1] * len(confirm.CONFIRM_SETTINGS)))
     ax = axes[0]
     for i, (label, rate, lo, hi, colour) in enumerate(bars):
-        ax.errorbar(rate, i, xerr=[[rate - lo], [hi - rate]], fmt="o", color=colour, capsize=3)
+        ax.errorbar(rate, i, xerr=[[max(0.0, rate - lo)], [max(0.0, hi - rate)]], fmt="o", color=colour, capsize=3)
     ax.set_yticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(-0.02, 1.02)
