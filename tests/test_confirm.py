@@ -91,6 +91,7 @@ def test_the_report_reads_the_rule_from_the_records(tmp_path, monkeypatch):
     assert [r["p_holm"] for r in conf["rows"]] == holm([r["p"] for r in conf["rows"]])
     md = (tmp_path / "confirm.md").read_text()
     assert "**partial: 16 of 96 runs finished**" in md and "pending (partial)" in md and "| yes |" not in md
+    assert data["design_commit"] and f"added at commit {data['design_commit'][:10]}" in md  # the pre-registration
     assert confirm.CONFIRM_RULE_TEXT in md and (tmp_path / "confirm.png").stat().st_size > 10_000
     tis = data["comparison"]["arms"]["tis"]
     assert tis["n"] == 4 and data["comparison"]["arms"]["icepop"]["n"] == 0

@@ -11,6 +11,7 @@ regime grid's results/regime/records of seeds 0-7, whose runs had the same flags
 """
 import os
 import statistics
+import subprocess
 
 from experiments.common import fmt, write_results
 from experiments.regime import confirm
@@ -19,6 +20,14 @@ from experiments.stats import fisher_exact, holm, newcombe, wilson
 from experiments.sweep import finished
 
 GRID_RECORDS = os.path.join("results", "regime", "records")  # the exploration's records (seeds 0-7)
+
+
+def design_commit() -> str | None:
+    """The commit that added confirm.py (the pre-registration: it must be older than every record), from git."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confirm.py")
+    r = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", path], cwd=os.path.dirname(path),
+                       capture_output=True, text=True)
+    return r.stdout.split()[-1] if r.returncode == 0 and r.stdout.split() else None
 
 
 def run_numbers(head: dict, rows: list[dict]) -> dict:
@@ -137,8 +146,11 @@ def _paired_text(d: dict) -> str:
 def report_md(data: dict) -> str:
     c, k = data["confirmation"], data["comparison"]
     status = "complete" if c["complete"] else f"**partial: {c['runs']} of {c['total']} runs finished**"
+    made = sorted({r["commit"] for runs in data["cells"].values() for r in runs.values()} - {None})
     parts = [f"# Round 5: the confirmation on fresh seeds ({status})",
-             f"Rule (fixed before any run, experiments/regime/confirm.py): {confirm.CONFIRM_RULE_TEXT}.",
+             f"Rule (fixed before any run, experiments/regime/confirm.py, added at commit "
+             f"{(data['design_commit'] or 'unknown (no git)')[:10]}; the runs here ran at {', '.join(made) or '—'}): "
+             f"{confirm.CONFIRM_RULE_TEXT}.",
              f"Collapse: {data['rule']}. Reported {confirm.CONFIRM_REPORT_TEXT}. {confirm.RECOVERED_TEXT}.",
              "| setting | no replay fell | R3 fell | rate none - r3 [Newcombe 95 %] | Fisher p | Holm p | confirmed |\n"
              "|---|---|---|---|---|---|---|\n" + "\n".join(
@@ -181,7 +193,8 @@ def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, record
     from experiments.regime.design import RULE_TEXT
     cells = _cells({**done_confirm, **done_compare})
     pooled = {c: pooled_runs(c, records) for c in confirm.CONFIRM_CELLS}
-    data = dict(rule_text=confirm.CONFIRM_RULE_TEXT, rule=RULE_TEXT, report_text=confirm.CONFIRM_REPORT_TEXT,
+    data = dict(design_commit=design_commit(), rule_text=confirm.CONFIRM_RULE_TEXT, rule=RULE_TEXT,
+                report_text=confirm.CONFIRM_REPORT_TEXT,
                 recovered_text=confirm.RECOVERED_TEXT, tests_text=confirm.COMPARE_TESTS_TEXT,
                 predictions=dict(confirm.PREDICTIONS, confirmation=confirm.CONFIRM_PREDICTION),
                 confirmation=confirmation(cells, pooled), comparison=comparison(cells), cells=cells)
