@@ -204,3 +204,40 @@ def test_the_command_line_keeps_the_seeds_apart():
     for argv in (["--levers", "--grid", "--seeds", "3"], ["--levers", "--seeds", "32"], ["--levers", "--confirm"]):
         with pytest.raises(SystemExit):
             parse_args(argv)
+
+
+def test_rows_are_measured_row_by_row_so_a_stopped_command_keeps_every_finished_row(tmp_path, monkeypatch):
+    """make_rows runs a row's missing runs, then measures them, before the next row's runs start; a measured seed is
+    neither rerun nor measured again (stand-ins for the runs and the measurements: only the order is under test)."""
+    from experiments.regime import levers_measure as M
+    log = []
+
+    def fake_measure_all(out, jobs, workers, job=None):
+        res = {}
+        for kind, name, seed, _ in jobs:
+            path = os.path.join(out, "measure", f"{kind}-{name}-s{seed}.json")
+            if not os.path.exists(path):
+                log.append(("measure", kind, name, seed))
+                atomic_write_json(path, {"kl": 0.0})
+            res[f"{kind}-{name}-s{seed}"] = {"kl": 0.0}
+        return res
+
+    monkeypatch.setattr(M, "measure_all", fake_measure_all)
+    monkeypatch.setattr(M, "run_all", lambda runs, **kw: log.extend(("run", os.path.basename(r[0])) for r in runs))
+    monkeypatch.setattr(M, "write_record", lambda run_dir, records: None)
+    os.makedirs(tmp_path / "measure")
+    atomic_write_json(str(tmp_path / "measure" / "lag-lag2-s1.json"), {"kl": 0.0})  # made before: kept
+    M.make_rows(str(tmp_path), str(tmp_path / "runs"), [0, 1], jobs=1)
+    rows = [*levers.LAG_ROWS, *levers.LOWBIT_ROWS]
+    made = [e for e in log if e[0] == "measure" and e[1] in ("lag", "after") and e[2] in rows]
+    runs = [e[1] for e in log if e[0] == "run"]
+    assert ("lag-lag2-s1" not in {f"{e[1]}-{e[2]}-s{e[3]}" for e in made}) and "lag2-none-n4-s1" not in runs
+    assert len(made) == 2 * len(rows) - 1 and len(runs) == len(made)
+    for i, row in enumerate(rows):  # every run of row i comes after row i-1's measurements and before row i's
+        first_run = min(j for j, e in enumerate(log) if e[0] == "run" and e[1].startswith(f"{row}-none-n4-"))
+        first_measure = min(j for j, e in enumerate(log) if e[0] == "measure" and e[1] != "start" and e[2] == row)
+        last_run = max(j for j, e in enumerate(log) if e[0] == "run" and e[1].startswith(f"{row}-none-n4-"))
+        assert last_run < first_measure
+        if i:
+            assert first_run > max(j for j, e in enumerate(log) if e[0] == "measure" and e[1] != "start"
+                                   and e[2] == rows[i - 1])

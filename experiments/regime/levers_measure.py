@@ -7,7 +7,7 @@
   lag_window(rows)                a run's logged flips, kl, length and S: the means over the window's readings
   lag_probe(run_dir, k, spec)     the probe re-score at a lag run's last checkpoint: its lagged engine samples the
                                   probe batch, its trainer scores it without and with R3 (measure.py's measure)
-  make_rows(out, runs_dir, seeds, jobs)   every row measurement not made yet, the runs they need first
+  make_rows(out, runs_dir, seeds, jobs)   every row measurement not made yet, row by row: its runs, then them
 Each measurement is one JSON in OUT/measure (made once, reused; so the command resumes), named KIND-ROW-sS:
 start-ROW and after-ROW for a low-bit row, lag-ROW for a lag row; lag-lag0 (K = 0) and lag-lv3 (the lag rule's
 target) are read from the regime grid's committed records and the regime table's after-200 measurements, never rerun.
@@ -123,17 +123,19 @@ def missing(out: str, kind: str, row: str, seed: int) -> bool:
 
 
 def make_rows(out: str, runs_dir: str, seeds, jobs: int) -> dict:
-    """Every row measurement of `seeds`: the low-bit starts (the warm-ups), then the runs whose measurement is not made
-    yet (with their records), then their measurements; K = 0 and lv3 from the regime study's files."""
+    """Every row measurement of `seeds`: the low-bit starts (the warm-ups) and K = 0 and lv3 from the regime study's
+    files, then row by row the runs whose measurement is not made yet (with their records) and at once their
+    measurements, so a row is measured as soon as its runs are done and a stopped command loses no finished row."""
     res = measure_all(out, [("start", r, s, {}) for r in levers.LOWBIT_ROWS for s in seeds]
                       + [("lag", r, s, {}) for r in ("lag0", "lv3") for s in seeds], jobs, job=_job)
     kind = lambda row: "after" if row in levers.LOWBIT_ROWS else "lag"  # noqa: E731
-    todo = {(r, s): row_run(r, s, runs_dir) for r in [*levers.LAG_ROWS, *levers.LOWBIT_ROWS] for s in seeds
-            if missing(out, kind(r), r, s)}
-    if todo:
+    for row in [*levers.LAG_ROWS, *levers.LOWBIT_ROWS]:
+        todo = {s: row_run(row, s, runs_dir) for s in seeds if missing(out, kind(row), row, s)}
+        if not todo:
+            continue
+        print(f"row {row}: {len(todo)} runs of {len(seeds)} seeds to make, then measure", flush=True)
         run_all(list(todo.values()), jobs=jobs, log_dir=os.path.join(runs_dir, "logs"))
         for run_dir, _, _ in todo.values():
             write_record(run_dir, os.path.join(out, "records"))
-    jobs_ = [(kind(r), r, s, dict(run_dir=todo[r, s][0])) for r, s in todo]
-    res.update(measure_all(out, jobs_, jobs, job=_job))
+        res.update(measure_all(out, [(kind(row), row, s, dict(run_dir=todo[s][0])) for s in todo], jobs, job=_job))
     return res
