@@ -9,6 +9,7 @@ command the line gives resumes to metrics identical to an uninterrupted run. Fau
 import errno
 import json
 import os
+import re
 import resource
 import shlex
 import signal
@@ -167,7 +168,11 @@ def test_under_torchrun_every_rank_stops_at_the_step_a_signal_reached_one_of_the
     assert ours == ["stopped by SIGTERM at a step boundary: run/hf holds the weights after step 1 (2 steps done); "
                     "--resume is not supported under torchrun (no optimizer or RNG state is saved): start a new run "
                     "with --model run/hf"], rank_errors(r.stderr)
-    assert r.stderr.count("exitcode  : 143") == 2  # both ranks, as torchrun reports them
+    # Each rank ends with 143 on its own, unless torchrun's agent, seeing the first rank gone, sends SIGTERM to the
+    # other after it stopped at the boundary (the line above, the collective save and the metrics below show it did)
+    # and before it exited: then that rank reads -15. Which rank exits first is the machine's timing, so either may.
+    codes = dict(re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", r.stderr))
+    assert set(codes) == {"0", "1"} and set(codes.values()) <= {"143", "-15"} and "143" in codes.values(), codes
     assert len(metrics(tmp_path / "run")) == 2 and (tmp_path / "run" / "hf" / "config.json").exists()
     assert not (tmp_path / "run" / "done.json").exists() and leftovers(tmp_path / "run") == []
 
