@@ -194,6 +194,8 @@ def test_the_report_marks_partial_and_pending_rows(tmp_path):
     assert "(**partial**" in md and "toy-int4 (partial: 3 of 8)" in md and "toy-fp4 (pending)" in md
     assert "**K* = 8**" in md and "dial: natural" in md and "K = 8" in md and "paper (Qwen3-30B-A3B)" in md
     assert json.loads((out / "rows.json").read_text())["lag"]["lag8"]["n"] == 8
+    # the quick check's way: the same measurements read from their folder, the tables written elsewhere
+    assert rows_data(str(tmp_path / "elsewhere"), design.SEEDS, measured=str(out)) == data
 
 
 def test_the_command_line_keeps_the_seeds_apart():
@@ -201,7 +203,10 @@ def test_the_command_line_keeps_the_seeds_apart():
     a = parse_args(["--levers"])
     assert a.seeds == list(design.SEEDS) and a.out == os.path.join("results", "regime", "levers")
     assert parse_args(["--levers", "--grid"]).seeds is None
-    for argv in (["--levers", "--grid", "--seeds", "3"], ["--levers", "--seeds", "32"], ["--levers", "--confirm"]):
+    assert parse_args(["--levers", "--report", "--measured", "M"]).measured == "M"
+    for argv in (["--levers", "--grid", "--seeds", "3"], ["--levers", "--seeds", "32"], ["--levers", "--confirm"],
+                 ["--levers", "--measured", "M"], ["--report", "--measured", "M"],
+                 ["--levers", "--grid", "--report", "--measured", "M"]):
         with pytest.raises(SystemExit):
             parse_args(argv)
 

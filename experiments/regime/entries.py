@@ -1,5 +1,5 @@
 """The regime study's committed results, as experiments.reproduce remakes and checks them (regime, regime_grid,
-confirm). Gathered by experiments/registry.py; the fields are experiments/entry.py's.
+confirm, levers_rows). Gathered by experiments/registry.py; the fields are experiments/entry.py's.
 """
 from experiments.entry import Check, Entry
 from experiments.seed_band import Band, Key
@@ -53,4 +53,15 @@ ENTRIES = (
                "comparison runs of 800 steps, one record per finished run; PARTIAL until confirm.json says complete "
                "(`--report` rewrites the tables from the runs finished so far, the commands resume the rest; about "
                "20 min a run on one thread beside other work, some 40 core-hours in all)"),
+    Entry("levers_rows", "results/regime/levers", ("rows.json", "rows.md", "measure/*.json"),
+          ("python -m experiments.regime --levers --jobs 2",), wall_s=30000,
+          check_commands=("python -m experiments.regime --levers --report --measured results/regime/levers "
+                          "--out {out}",), check_wall_s=10, quick=True,
+          any_cpu="made from the committed measurements, not by a model",
+          checks=(Check("rows.json", default="the tables are a function of the committed measurements (and of "
+                                             "the regime table's regime.json)"),),
+          note="issue 50's rows (experiments/regime/levers.py, fixed before their first measurement): low-bit "
+               "engines at the start of RL and after 200 steps, rollout lag K = 1, 2, 4, 8 over steps 50-190, seeds "
+               "0-7; one JSON per measurement in measure/, made once and reused, row by row; PARTIAL until rows.json "
+               "says complete (about 4-5 core-hours in all)"),
 )

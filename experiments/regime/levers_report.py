@@ -68,9 +68,11 @@ def lag_summary(res: dict, name: str, seeds) -> dict:
     return out
 
 
-def rows_data(out: str, seeds, regime_json: str | None = None) -> dict:
+def rows_data(out: str, seeds, regime_json: str | None = None, measured: str | None = None) -> dict:
+    """`measured`: the folder whose measure/ holds the measurements (default `out`)."""
     regime_json = regime_json or os.path.join(calibrate_root(), "results", "regime", "regime.json")
-    res = {**made(out, "start"), **made(out, "after"), **made(out, "lag")}
+    src = measured or out
+    res = {**made(src, "start"), **made(src, "after"), **made(src, "lag")}
     of = len(seeds)
     count = lambda kind, name: sum(f"{kind}-{name}-s{s}" in res for s in seeds)  # noqa: E731
     lowbit = {r: dict(start=summarise(res, "start", r, seeds), after=summarise(res, "after", r, seeds),

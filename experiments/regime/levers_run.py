@@ -149,7 +149,7 @@ def main(args, t0: float) -> dict:
     if not args.grid:
         if not args.report:
             levers_measure.make_rows(args.out, args.runs_dir, args.seeds, args.jobs)
-        data = levers_report.rows_data(args.out, args.seeds)
+        data = levers_report.rows_data(args.out, args.seeds, measured=args.measured)
         levers_report.write_rows(args.out, data, t0)
         return data
     rows = levers_report.rows_data(args.out, design.SEEDS)
