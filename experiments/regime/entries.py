@@ -53,7 +53,7 @@ ENTRIES = (
                "comparison runs of 800 steps, one record per finished run; PARTIAL until confirm.json says complete "
                "(`--report` rewrites the tables from the runs finished so far, the commands resume the rest; about "
                "20 min a run on one thread beside other work, some 40 core-hours in all)"),
-    Entry("levers_rows", "results/regime/levers", ("rows.json", "rows.md", "measure/*.json"),
+    Entry("levers_rows", "results/regime/levers", ("rows.json", "rows.md", "measure/*.json", "records/*.jsonl.gz"),
           ("python -m experiments.regime --levers --jobs 2",), wall_s=30000,
           check_commands=("python -m experiments.regime --levers --report --measured results/regime/levers "
                           "--out {out}",), check_wall_s=10, quick=True,
