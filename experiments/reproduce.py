@@ -43,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from experiments import claims, seed_band
 from experiments.entry import Check, Entry
@@ -330,11 +331,24 @@ def listing(entries=REGISTRY) -> str:
     return "\n\n".join(describe(e) for e in entries)
 
 
+def check_all(entries: list[Entry], quick: bool, jobs: int) -> list[list[str]]:
+    """check() of every entry, `jobs` at a time (threads: each check waits on its own subprocesses), the longest
+    expected first so the parts pack onto the cores; the mismatch lines in `entries`' order."""
+    if jobs == 1:
+        return [check(e, quick=quick) for e in entries]
+    longest = sorted(range(len(entries)), key=lambda i: -(entries[i].check_wall_s or entries[i].wall_s or 0))
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {i: pool.submit(check, entries[i], quick=quick) for i in longest}
+        return [futures[i].result() for i in range(len(entries))]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog="entries: " + ", ".join(BY_NAME))
     p.add_argument("--only", nargs="+", metavar="NAME", help="these entries only (remake them, or --check them)")
     p.add_argument("--check", action="store_true", help="recompute into a temp folder and compare with results/")
     p.add_argument("--quick", action="store_true", help="with --check: only the quick entries (~10 min on 2 cores)")
+    p.add_argument("--jobs", type=int, default=1, help="with --check: entries checked at once (each entry's commands "
+                   "keep their own thread counts, so the numbers do not change; CI passes 2, one per core)")
     p.add_argument("--list", action="store_true", help="print the registry and exit")
     p.add_argument("--cpu-reference", action="store_true", help="with --only: recompute the entries' checked files "
                    f"into {CPU_REFS}/SLUG/NAME/, this kind of CPU's twins of files made on another")
@@ -369,7 +383,9 @@ def main(argv=None) -> int:
     kinds = ["skipped" if k.startswith("skipped") else k.split(":")[0] for k in kinds]
     print(f"checking {len(checked)} entries as {here()}: "
           + ", ".join(f"{e.name} ({k})" for e, k in zip(checked, kinds)), flush=True)
-    bad = [line for e in checked for line in check(e, quick=args.quick)]
+    if args.jobs < 1:
+        p.error(f"--jobs {args.jobs}: give at least 1")
+    bad = [line for lines in check_all(checked, args.quick, args.jobs) for line in lines]
     for line in bad:
         print(f"MISMATCH {line}")
     by_interval = kinds.count("claims") + kinds.count("seeds")

@@ -195,3 +195,26 @@ def test_cpu_reference_needs_only_and_is_refused_where_this_cpu_made_the_entrys_
     monkeypatch.setattr(rp, "made_on", lambda path: rp.cpu_name())
     with pytest.raises(SystemExit, match="was made on this kind of CPU .*remake it with --only storage"):
         rp.main(["--only", "storage", "--cpu-reference"])
+
+
+def test_check_jobs_runs_entries_at_once_longest_first_and_reports_in_registry_order(monkeypatch):
+    """--jobs 2: two checks are under way together (each waits at a barrier the other must reach: a serial run would
+    end there with BrokenBarrierError after 600 s, a guard against a hang, not a timing), the longest expected first;
+    the mismatch lines come back in the registry's order, whatever order the checks end in."""
+    import threading
+    entries = [BY_NAME[n] for n in ("storage", "quickstart", "overhead", "mismatch_table")]
+    started, barrier = [], threading.Barrier(2, timeout=600)
+
+    def fake(entry, quick=False):
+        started.append(entry.name)
+        if len(started) <= 2:
+            barrier.wait()
+        return [f"{entry.name}: bad"]
+    monkeypatch.setattr(rp, "check", fake)
+    got = rp.check_all(entries, True, 2)
+    assert got == [[f"{e.name}: bad"] for e in entries]
+    walls = {e.name: e.check_wall_s or e.wall_s for e in entries}
+    assert sorted(started[:2], key=lambda n: -walls[n]) == sorted(walls, key=lambda n: -walls[n])[:2]
+    assert rp.check_all(entries, True, 1) == got  # one at a time: the same lines
+    with pytest.raises(SystemExit):
+        rp.main(["--check", "--quick", "--jobs", "0"])
