@@ -54,7 +54,7 @@ ENTRIES = (
                "(`--report` rewrites the tables from the runs finished so far, the commands resume the rest; about "
                "20 min a run on one thread beside other work, some 40 core-hours in all)"),
     Entry("levers_rows", "results/regime/levers", ("rows.json", "rows.md", "measure/*.json", "records/*.jsonl.gz"),
-          ("python -m experiments.regime --levers --jobs 2",), wall_s=30000,
+          ("python -m experiments.regime --levers --jobs 2",), wall_s=12000,
           check_commands=("python -m experiments.regime --levers --report --measured results/regime/levers "
                           "--out {out}",), check_wall_s=10, quick=True,
           any_cpu="made from the committed measurements, not by a model",
@@ -63,5 +63,6 @@ ENTRIES = (
           note="issue 50's rows (experiments/regime/levers.py, fixed before their first measurement): low-bit "
                "engines at the start of RL and after 200 steps, rollout lag K = 1, 2, 4, 8 over steps 50-190, seeds "
                "0-7; one JSON per measurement in measure/, made once and reused, row by row; PARTIAL until rows.json "
-               "says complete (about 4-5 core-hours in all)"),
+               "says complete (about 4-5 core-hours in all, an estimate; on one core beside two other runs the starts "
+               "took 15 min and a lag row of 8 runs about 30)"),
 )
