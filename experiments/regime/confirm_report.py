@@ -151,7 +151,8 @@ def report_md(data: dict) -> str:
              f"Rule (fixed before any run, experiments/regime/confirm.py, added at commit "
              f"{(data['design_commit'] or 'unknown (no git)')[:10]}; the runs here ran at {', '.join(made) or '—'}): "
              f"{confirm.CONFIRM_RULE_TEXT}.",
-             f"Collapse: {data['rule']}. Reported {confirm.CONFIRM_REPORT_TEXT}. {confirm.RECOVERED_TEXT}.",
+             f"Collapse: {data['rule']}. Reported {confirm.CONFIRM_REPORT_TEXT.replace('(RECOVERED_TEXT)', '(next)')}. "
+             f"Came back: {confirm.RECOVERED_TEXT}.",
              "| setting | no replay fell | R3 fell | rate none - r3 [Newcombe 95 %] | Fisher p | Holm p | confirmed |\n"
              "|---|---|---|---|---|---|---|\n" + "\n".join(
                  f"| {r['setting']} | {r['none']} ({_ci(r.get('rate_none'), r.get('rate_none_ci'))} %) | {r['r3']} "
