@@ -22,9 +22,10 @@ from experiments.sweep import finished
 GRID_RECORDS = os.path.join("results", "regime", "records")  # the exploration's records (seeds 0-7)
 
 
-def design_commit() -> str | None:
-    """The commit that added confirm.py (the pre-registration: it must be older than every record), from git."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confirm.py")
+def design_commit(design_file: str = "confirm.py") -> str | None:
+    """The commit that added `design_file` of experiments/regime (the pre-registration: it must be older than every
+    record or measurement it decides), from git."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), design_file)
     r = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", path], cwd=os.path.dirname(path),
                        capture_output=True, text=True)
     return r.stdout.split()[-1] if r.returncode == 0 and r.stdout.split() else None

@@ -13,6 +13,7 @@ import os
 from experiments.common import fmt, write_results
 from experiments.regime import design, levers
 from experiments.regime.calibrate import calibrate_root, interval, made, summarise
+from experiments.regime.confirm_report import design_commit
 from experiments.regime.report import ci, paper_cell, regime_table
 
 LAG_ROWS = (("router_flip_rate", "routers that differ", "router_flip_rate", "{:.1%}"),
@@ -90,7 +91,9 @@ def rows_data(out: str, seeds, regime_json: str | None = None, measured: str | N
     preset, why = int4_preset(q["warmups"], q["start"]["reward"], q["after"]["reward"], of)
     complete = all(v["n"]["start"] == of and v["n"]["after"] == of for v in lowbit.values()) and \
         all(v["n"] == of for v in lag.values())
-    return dict(seeds=list(seeds), lowbit=lowbit, lag=lag, dial=dial, paper=design.PAPER, k_star=k_star,
+    made_at = sorted({v["provenance"]["commit"][:10] for v in res.values() if v.get("provenance", {}).get("commit")})
+    return dict(seeds=list(seeds), design_commit=design_commit("levers.py"), made_at=made_at,
+                lowbit=lowbit, lag=lag, dial=dial, paper=design.PAPER, k_star=k_star,
                 int4_preset=preset, int4_why=why, complete=complete,
                 design=dict(lowbit=levers.LOWBIT_TEXT, lag=levers.LAG_TEXT, lag_kl_r3=levers.LAG_KL_R3_TEXT,
                             lag_rule=levers.LAG_RULE_TEXT, fallback=levers.FALLBACK_TEXT))
@@ -137,6 +140,9 @@ def write_rows(out: str, data: dict, t0: float | None = None) -> None:
              f"Seeds {data['seeds']} (the regime table's: these rows sit beside its rows; no test reads them). "
              "Each cell: mean [95 % t interval over seeds]; a column marked partial or pending lacks seeds. The dial's "
              "rows are results/regime/regime.json's, the paper's figures design.PAPER's.",
+             f"Design and rules (fixed before any measurement, experiments/regime/levers.py, added at commit "
+             f"{(data['design_commit'] or 'unknown (no git)')[:10]}; the measurements here ran at "
+             f"{', '.join(data['made_at']) or '—'}).",
              "## Low-bit engines at the start of RL", levers.LOWBIT_TEXT + ".", lowbit_table(data, "start"),
              f"## Low-bit engines after {design.AFTER_STEPS} steps", lowbit_table(data, "after"),
              "### Start-matched warm-ups (sampled probe reward 0.3 within 400 steps; the warm-up does not depend on "
