@@ -16,7 +16,7 @@ from experiments.regime.grid import cell_entry, cell_run
 from experiments.regime.levers_measure import (_job, lag_probe, lag_result, lag_window, lowbit_spec, regime_rows,
                                                row_run)
 from experiments.regime.levers_report import int4_preset, lag_choice, rows_data, write_rows
-from experiments.regime.levers_run import decided, extended, grid_run, grid_tests, plan
+from experiments.regime.levers_run import decided, extended, grid_run, grid_tests, plan, write_grid
 from experiments.regime.measure import Spec, measure
 from experiments.sweep import flag_dict
 from r3.errors import InputError
@@ -101,7 +101,7 @@ def test_fallback_rule():
 
 
 def entry(collapse_steps, areas):
-    return cell_entry({s: dict(collapse_step=c, heldout_area=a, max_drawdown=0.0)
+    return cell_entry({s: dict(collapse_step=c, heldout_area=a, max_drawdown=0.0, best_heldout=a, final_heldout=a)
                        for s, c, a in zip(levers.GRID_SEEDS, collapse_steps, areas)})
 
 
@@ -124,6 +124,28 @@ def test_tests_families_and_the_extension_rule():
     assert extended(cells) == ["lag1-clip", "toy-int4-clip"]
     del cells["toy-int4-clip/tis/n4"]["runs"][35]
     assert extended(cells) == ["lag1-clip"]  # not every run of the setting has finished seeds 32-39
+
+
+def test_the_grid_report_is_partial_until_every_planned_run_and_marks_each_clause(tmp_path):
+    rows = dict(k_star=8, int4_preset="qwen3-ratio", int4_why="the rule")
+    held, flat = [None] * 8, [0.5] * 8
+    cells = {c: entry(held, flat) for c in levers.grid_cells(8, "qwen3-ratio")}
+    cells["qwen3-ratio-int4-clip/none/n4"] = entry([300, 400, 500] + [None] * 5, flat)
+    planned = plan(rows, str(tmp_path / "runs"), levers.GRID_SEEDS)
+    del cells["lag8-clip/tis/n4"]["runs"][39]
+    cells["lag8-clip/tis/n4"] = cell_entry(cells["lag8-clip/tis/n4"]["runs"])
+    data = write_grid(str(tmp_path), cells, rows, [], 0.0, planned)
+    md = (tmp_path / "grid.md").read_text()
+    assert not data["complete"] and "**partial: 79 of 80 planned runs finished**" in md
+    assert {v for cl in data["verdicts"].values() for _, v in cl} == {"pending"}  # seed 39 of one cell is missing
+    cells["lag8-clip/tis/n4"] = entry(held, flat)
+    data = write_grid(str(tmp_path), cells, rows, [], 0.0, planned)
+    md = (tmp_path / "grid.md").read_text()
+    assert data["complete"] and "(pre-registered in experiments/regime/levers.py; complete)" in md
+    v = {name: dict(cl) for name, cl in data["verdicts"].items()}
+    assert v["int4"]["no replay falls on 2-4 of 8"] == "confirmed" and v["lag1"]["each arm 0-1 falls of 8"] == \
+        "confirmed" and v["lagK"]["no replay falls on 1-3 of 8"] == "refuted"  # lag 8's no replay never fell
+    assert "3 of 8 [14%, 69%]" in md and "  - TIS falls least: **refuted**" in md
 
 
 TINY = ["--steps", "4", "--prompts-per-step", "3", "--group-size", "2", "--warmup-steps", "3", "--task", "sort:3-4",

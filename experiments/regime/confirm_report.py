@@ -5,6 +5,7 @@
   confirmation(done, pooled)  per setting: the rule's verdict (Fisher, Holm over the two settings) and the numbers
                               reported beside it, each with its 95 % interval; the pooled 32 seeds as secondary
   comparison(done)            per arm its numbers; every arm against none (family A) and against r3 (family B)
+                              (each prediction's verdict: verdicts.compare, by rules fixed before the arms' runs)
   write(...)                  OUT/confirm.{json,md} and OUT/confirm.png
 Everything is a function of the committed records (results/regime/confirm/records, and for the pooled numbers the
 regime grid's results/regime/records of seeds 0-7, whose runs had the same flags).
@@ -14,7 +15,7 @@ import statistics
 import subprocess
 
 from experiments.common import fmt, write_results
-from experiments.regime import confirm
+from experiments.regime import confirm, verdicts
 from experiments.regime.grid import _mean, _paired, cell_run, run_row
 from experiments.stats import fisher_exact, holm, newcombe, wilson
 from experiments.sweep import finished
@@ -174,20 +175,27 @@ def report_md(data: dict) -> str:
               f"{confirm.COMPARE_SEEDS[0]}-{confirm.COMPARE_SEEDS[-1]}; none and r3 are the confirmation's runs)",
               f"Tests (fixed before any run): {confirm.COMPARE_TESTS_TEXT}.",
               "| arm | flags | fell [Wilson 95 %] | held-out area | drawdown | median max grad norm | mean kl "
-              "| kl trend | share corrected | prediction |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(
+              "| kl trend | share corrected | prediction (below) |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(
                   f"| {a} | `{' '.join(f'{n} {v}' for n, v in confirm.ARMS[a]) or '(base)'}` | "
                   f"{x['collapsed']}/{x['n']} ({_ci(x['rate'], x['rate_ci'])} %) | {fmt(x['heldout_area'])} | "
                   f"{fmt(x['max_drawdown'])} | {fmt(x['median_max_grad_norm'])} | {fmt(x['mean_kl'])} | "
-                  f"{fmt(x['kl_trend'])} | {fmt(x['corrected_share'])} | {confirm.PREDICTIONS.get(a, '—')} |"
+                  f"{fmt(x['kl_trend'])} | {fmt(x['corrected_share'])} | {data['verdicts'].get(a, {}).get('verdict', '(base)')} |"
                   for a, x in k["arms"].items()),
               "| family | arm | against | metric | counts | effect (arm - base) [95 % t] | p | Holm p |\n"
               "|---|---|---|---|---|---|---|---|\n" + "\n".join(
                   f"| {t['family']} | {t['arm']} | {t['base']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])}"
                   + ("" if t.get("lo") is None else f" [{fmt(t['lo'])}, {fmt(t['hi'])}]")
                   + f" | {t['p']:.3g} | {t['p_holm']:.3g} |" for t in k["tests"]),
-              "## Predictions (written before the runs)", f"- confirmation: {confirm.CONFIRM_PREDICTION}"]
-    parts.append("\n".join(f"- {a}: {p}" for a, p in confirm.PREDICTIONS.items()))
+              "## Predictions (written before the runs) and their verdicts",
+              f"Verdicts by rules fixed before the comparison's runs (experiments/regime/verdicts.py): "
+              f"{verdicts.KINDS_TEXT}. The confirmation's: {verdicts.CONFIRMATION_TEXT}.",
+              f"- confirmation: {confirm.CONFIRM_PREDICTION}. {_verdict_text(data['verdicts']['confirmation'])}"]
+    parts.append("\n".join(f"- {a}: {p}. {_verdict_text(data['verdicts'][a])}" for a, p in confirm.PREDICTIONS.items()))
     return "\n\n".join(parts)
+
+
+def _verdict_text(v: dict) -> str:
+    return f"**{v['verdict']}** ({v['why']})" + (f"; not tested: {v['not_tested']}" if v.get("not_tested") else "")
 
 
 def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, records: str = GRID_RECORDS) -> dict:
@@ -200,6 +208,8 @@ def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, record
                 recovered_text=confirm.RECOVERED_TEXT, tests_text=confirm.COMPARE_TESTS_TEXT,
                 predictions=dict(confirm.PREDICTIONS, confirmation=confirm.CONFIRM_PREDICTION),
                 confirmation=confirmation(cells, pooled), comparison=comparison(cells), cells=cells)
+    data["verdicts"] = verdicts.compare(data["comparison"], data["confirmation"])
+    data["verdict_rules"] = dict(kinds=verdicts.KINDS_TEXT, confirmation=verdicts.CONFIRMATION_TEXT)
     md = report_md(data)
     write_results(os.path.join(out, "confirm.json"), data, md=md, t0=t0)
     curves = {c: {s: [(r["step"], r["eval/accuracy"]) for r in rec[1] if r.get("eval/accuracy") is not None]

@@ -12,9 +12,9 @@ grid's tables are made (OUT/grid.{json,md}). OUT is results/regime/levers.
 import os
 
 from experiments.common import fmt, write_results
-from experiments.regime import design, levers
+from experiments.regime import design, levers, verdicts
 from experiments.regime.grid import _paired, cell_entry, cell_run, run_row
-from experiments.stats import fisher_exact, holm
+from experiments.stats import fisher_exact, holm, wilson
 from experiments.sweep import finished, run_all, set_flag
 from r3.errors import InputError
 
@@ -121,25 +121,43 @@ def collect(runs: list[tuple], records: str) -> dict:
     return {c: cell_entry(runs) for c, runs in done.items()}
 
 
-def write_grid(out: str, cells: dict, rows: dict, ext: list[str], t0: float) -> dict:
+def write_grid(out: str, cells: dict, rows: dict, ext: list[str], t0: float, planned: list[tuple]) -> dict:
+    """OUT/grid.{json,md}: per cell its collapse count (Wilson 95 %) and means, the tests, and each prediction's
+    clauses with their verdicts (verdicts.levers_grid); marked partial until every planned run has finished."""
     ts = grid_tests(cells)
-    lines = ["| cell | collapsed | best / final held-out (mean) | held-out area | max drawdown (mean) |",
+    k_star, preset = rows["k_star"], rows["int4_preset"]
+    first = {c: cell_entry({s: r for s, r in e["runs"].items() if s in levers.GRID_SEEDS}) for c, e in cells.items()}
+    complete8 = all(set(levers.GRID_SEEDS) <= set(cells.get(c, {"runs": {}})["runs"])
+                    for c in levers.grid_cells(k_star, preset))
+    n_done = sum(e["n"] for e in cells.values())
+    complete = complete8 and n_done >= len(planned)
+    counts = lambda cs: {c: (e["collapsed"], e["n"]) for c, e in cs.items()}  # noqa: E731
+    verdict = verdicts.levers_grid(grid_tests(first), ts, counts(first), counts(cells), ext, k_star, preset,
+                                   complete8, complete)
+    lines = ["| cell | collapsed [Wilson 95 %] | best / final held-out (mean) | held-out area | max drawdown (mean) |",
              "|---" * 5 + "|"]
     for c, e in cells.items():
         rs = list(e["runs"].values())
         m = lambda k: fmt(sum(r[k] for r in rs if r[k] is not None) / max(1, len(rs)))  # noqa: E731
-        lines.append(f"| {c} | {e['collapsed']} of {e['n']} | {m('best_heldout')} / {m('final_heldout')} | "
-                     f"{m('heldout_area')} | {m('max_drawdown')} |")
+        lo, hi = wilson(e["collapsed"], e["n"])
+        lines.append(f"| {c} | {e['collapsed']} of {e['n']} [{lo:.0%}, {hi:.0%}] | {m('best_heldout')} / "
+                     f"{m('final_heldout')} | {m('heldout_area')} | {m('max_drawdown')} |")
     tl = ["| family | a | b | metric | a vs b | effect (a - b) | p | p (Holm) |", "|---" * 8 + "|"]
     tl += [f"| {t['family']} | {t['a']} | {t['b']} | {t['metric']} | {t['counts']} | {fmt(t['effect'])} | "
            f"{fmt(t['p'])} | {fmt(t['p_holm'])} |" for t in ts]
+    pl = [f"- **{name}**: {levers.GRID_PREDICTIONS[name]}\n" + "\n".join(f"  - {clause}: **{v}**" for clause, v in cl)
+          for name, cl in verdict.items()]
+    status = "complete" if complete else f"**partial: {n_done} of {len(planned)} planned runs finished**"
     text = "\n\n".join([
-        "# The levers' grid (pre-registered in experiments/regime/levers.py)",
-        f"K* = {rows['k_star']}; int4 on {rows['int4_preset']} ({rows['int4_why']}). Update: {levers.UPDATE_TEXT}.",
+        f"# The levers' grid (pre-registered in experiments/regime/levers.py; {status})",
+        f"K* = {k_star}; int4 on {preset} ({rows['int4_why']}). Update: {levers.UPDATE_TEXT}.",
         f"Settings extended to seeds 40-47: {', '.join(ext) or 'none'} ({levers.EXTEND_TEXT}).",
-        "\n".join(lines), f"## Tests\n\n{levers.TESTS_TEXT}.", "\n".join(tl)])
-    data = dict(cells=cells, tests=ts, extended=ext, k_star=rows["k_star"], int4_preset=rows["int4_preset"],
-                predictions=levers.GRID_PREDICTIONS)
+        "\n".join(lines), f"## Tests\n\n{levers.TESTS_TEXT}.", "\n".join(tl),
+        f"## Predictions (written before the runs) and their verdicts\n\nRules (experiments/regime/verdicts.py, "
+        f"fixed before the grid's first run): {verdicts.LEVERS_TEXT}.", "\n".join(pl)])
+    data = dict(cells=cells, tests=ts, extended=ext, k_star=k_star, int4_preset=preset, complete=complete,
+                runs=n_done, planned=len(planned), predictions=levers.GRID_PREDICTIONS, verdicts=verdict,
+                verdict_rules=verdicts.LEVERS_TEXT)
     write_results(os.path.join(out, "grid.json"), data, md=text, t0=t0)
     return data
 
@@ -163,4 +181,4 @@ def main(args, t0: float) -> dict:
     if more and not args.report:
         run_all([r[2:] for r in more], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
                 records=args.records)
-    return write_grid(args.out, collect(first + more, args.records), rows, ext, t0)
+    return write_grid(args.out, collect(first + more, args.records), rows, ext, t0, first + more)
