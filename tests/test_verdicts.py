@@ -1,8 +1,8 @@
 """What this proves: the predictions' verdicts follow their fixed rules (experiments/regime/verdicts.py) from the
 counts and the Holm-adjusted tests, each outcome reachable: an 'about as no replay' prediction is refuted by a
 separation either way and confirmed only by an interval inside the margin; 'holds' is confirmed by no fall or a
-separation and refuted by falling as often as no replay; IcePop's 'but not none' is refuted by preventing every fall;
-nothing is decided while runs are missing; the levers' clauses read the first eight seeds where they say 'of 8'."""
+separation and refuted by a fall whose interval leaves no cut of 0.25; IcePop's 'but not none' is refuted by
+preventing every fall; nothing is decided while runs are missing; the levers' clauses read the first eight seeds where they say 'of 8'."""
 import pytest
 
 from experiments.regime import verdicts
@@ -23,11 +23,13 @@ def verdict(kind, k, k0, n=16):
     ("not-better", 0, 10, "refuted"),
     ("holds", 0, 0, "confirmed"),        # never fell
     ("holds", 1, 12, "confirmed"),       # separates with fewer
-    ("holds", 1, 1, "refuted"),          # fell as often as no replay
+    ("holds", 1, 1, "refuted"),          # fell, and no cut of 0.25 is left
     ("holds", 1, 3, "not decided"),
     ("fewer", 0, 0, "not decided"),      # nothing fell anywhere: cannot be fewer, not refuted by a fall either
     ("fewer", 2, 12, "confirmed"),
-    ("fewer", 2, 2, "refuted"),
+    ("fewer", 1, 1, "refuted"),          # fell, and [-0.23, +0.23] rules out a cut of 0.25
+    ("fewer", 2, 2, "not decided"),      # [-0.252, +0.252]: a cut of 0.25 is still open
+    ("fewer", 12, 2, "refuted"),         # separates with more falls
     ("fewer-not-none", 2, 12, "confirmed"),
     ("fewer-not-none", 0, 12, "refuted"),  # prevented every fall, which 'but not none' ruled out
     ("fewer-not-none", 0, 2, "not decided"),

@@ -25,10 +25,10 @@ KINDS_TEXT = (
     "otherwise not decided. 'No better than no replay' (r2): refuted when it separates with fewer falls; confirmed "
     f"when the interval's lower end is above -{EQUIV_MARGIN:.2f} (a cut of that size is ruled out); otherwise not "
     "decided. 'Fewer than no replay' (gspo): confirmed when it separates with fewer falls; refuted when "
-    "the arm falls at least once and at least as often as no replay; otherwise not decided. 'Fewer, but not none' "
-    "(icepop): as 'fewer', and also refuted when it separates with no fall at all. 'Holds' (r3, r3-tis, gspo-r3): "
-    "confirmed when the arm never falls, or separates with fewer falls; refuted when it falls at least once and at "
-    "least as often as no replay; otherwise not decided")
+    f"it separates with more, or when it falls at least once and the interval's lower end is above -{EQUIV_MARGIN:.2f} "
+    "(a cut of that size is ruled out); otherwise not decided. 'Fewer, but not none' (icepop): as 'fewer', and also "
+    "refuted when it separates with no fall at all. 'Holds' (r3, r3-tis, gspo-r3; 'no falls, or far fewer'): "
+    "confirmed when the arm never falls, or separates with fewer falls; refuted as 'fewer' is; otherwise not decided")
 KINDS = {"tis": "as-none", "icepop": "fewer-not-none", "mis": "as-none", "r2": "not-better", "r3": "holds",
          "r3-tis": "holds", "gspo": "fewer", "gspo-r3": "holds"}
 NOT_TESTED = {"gspo": "'learns more slowly (smaller held-out area early)': no pre-registered measure reads the early "
@@ -63,9 +63,11 @@ def _verdict(kind: str, k: int, n: int, k0: int, n0: int, p_holm: float) -> tupl
         return "refuted", f"prevented every fall, which the prediction ruled out ({counts})"
     if sep and fewer:
         return "confirmed", f"fewer falls, separates ({counts})"
-    if k >= 1 and rate >= rate0:
-        return "refuted", f"fell at least as often as no replay ({counts})"
-    return "not decided", f"does not separate ({counts})"
+    lo, hi = newcombe(k, n, k0, n0)
+    if sep or (k >= 1 and lo > -EQUIV_MARGIN):
+        return "refuted", (f"separates with more falls ({counts})" if sep else
+                           f"fell, and arm - none [{lo:+.2f}, {hi:+.2f}] rules out a cut of {EQUIV_MARGIN} ({counts})")
+    return "not decided", f"does not separate; arm - none [{lo:+.2f}, {hi:+.2f}] ({counts})"
 
 
 def compare(cmp: dict, confirmation: dict) -> dict:
