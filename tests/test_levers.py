@@ -216,6 +216,8 @@ def test_the_report_marks_partial_and_pending_rows(tmp_path):
     assert "(**partial**" in md and "toy-int4 (partial: 3 of 8)" in md and "toy-fp4 (pending)" in md
     assert "**K* = 8**" in md and "dial: natural" in md and "K = 8" in md and "paper (Qwen3-30B-A3B)" in md
     assert json.loads((out / "rows.json").read_text())["lag"]["lag8"]["n"] == 8
+    assert (out / "rows.png").stat().st_size > 10_000 and "![the levers in the regime table](rows.png)" in md
+    assert list(data["dial_line"]) == list(design.POSITIONS)  # the whole dial, from the committed regime table
     assert data["design_commit"] and f"added at commit {data['design_commit'][:10]}" in md  # the pre-registration
     assert data["made_at"] == ["0123456789"] and "the measurements here ran at 0123456789)" in md
     # the quick check's way: the same measurements read from their folder, the tables written elsewhere

@@ -11,7 +11,7 @@ import json
 import os
 
 from experiments.common import fmt, write_results
-from experiments.regime import design, levers
+from experiments.regime import design, levers, plots
 from experiments.regime.calibrate import calibrate_root, interval, made, summarise
 from experiments.regime.confirm_report import design_commit
 from experiments.regime.report import ci, paper_cell, regime_table
@@ -81,11 +81,13 @@ def rows_data(out: str, seeds, regime_json: str | None = None, measured: str | N
                       warmups=[res.get(f"start-{r}-s{s}", {}).get("warmup") for s in seeds])
               for r in levers.LOWBIT_ROWS}
     lag = {r: dict(lag_summary(res, r, seeds), n=count("lag", r)) for r in LAG_COLUMNS}
-    dial = {}
+    dial, dial_line = {}, {}
     if os.path.exists(regime_json):
         with open(regime_json) as f:
             table = json.load(f)["table"]
         dial = {n: table[n] for n in ("natural", design.STRONGEST)}
+        dial_line = {n: {k: table[n]["start"][k]["mean"] for k in ("token_flip_rate", "kl", "kl_r3")}
+                     for n in design.POSITIONS if n in table}
     k_star = lag_choice(lag, lag["lv3"]["token_flip_rate"]["mean"] if lag["lv3"]["n"] == of else None, of)
     q = lowbit["qwen3-ratio-int4"]
     preset, why = int4_preset(q["warmups"], q["start"]["reward"], q["after"]["reward"], of)
@@ -93,7 +95,7 @@ def rows_data(out: str, seeds, regime_json: str | None = None, measured: str | N
         all(v["n"] == of for v in lag.values())
     made_at = sorted({v["provenance"]["commit"][:10] for v in res.values() if v.get("provenance", {}).get("commit")})
     return dict(seeds=list(seeds), design_commit=design_commit("levers.py"), made_at=made_at,
-                lowbit=lowbit, lag=lag, dial=dial, paper=design.PAPER, k_star=k_star,
+                lowbit=lowbit, lag=lag, dial=dial, dial_line=dial_line, paper=design.PAPER, k_star=k_star,
                 int4_preset=preset, int4_why=why, complete=complete,
                 design=dict(lowbit=levers.LOWBIT_TEXT, lag=levers.LAG_TEXT, lag_kl_r3=levers.LAG_KL_R3_TEXT,
                             lag_rule=levers.LAG_RULE_TEXT, fallback=levers.FALLBACK_TEXT))
@@ -153,5 +155,7 @@ def write_rows(out: str, data: dict, t0: float | None = None) -> None:
              ("pending" if k is None else f"**K* = {k}**"),
              f"Fallback rule: {levers.FALLBACK_TEXT}. Outcome: " +
              ("pending" if data["int4_preset"] is None else f"**{data['int4_preset']}**") + f" ({data['int4_why']})."]
+    parts.insert(3, "![the levers in the regime table](rows.png)")
     write_results(os.path.join(out, "rows.json"), data, md="\n\n".join(parts), t0=t0)
+    plots.levers_figure(data, os.path.join(out, "rows.png"))
 

@@ -1,6 +1,7 @@
 """The regime grid's figures: every run's held-out curve per cell (grid.png), every run's train-inference kl over
 training per cell (kl.png), the dose-response with survival curves (dose.png), round 5's collapse rates and held-out
-curves (confirm.png), and the look's runs over the committed ones (look.png)."""
+curves (confirm.png), the look's runs over the committed ones (look.png), and where the levers put the toy
+(levers/rows.png)."""
 import statistics
 
 import matplotlib
@@ -213,4 +214,72 @@ def look_figure(setting: str, committed: dict, here: dict, steps: int, path: str
                  f"for {steps} steps over the committed runs (the rate over all seeds is in the printout)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _err(d: dict) -> list:
+    """An error bar from a {mean, lo, hi} summary; none where the interval is missing (fewer than two seeds)."""
+    if d.get("lo") is None or d.get("hi") is None:
+        return [[0.0], [0.0]]
+    return [[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]]
+
+
+def levers_figure(data: dict, path: str) -> None:
+    """Where the levers put the toy (rows.json). Left: tokens with a flipped expert against the train-inference kl
+    without replay: the dial's positions at the start of RL (a line, natural to lv3), the low-bit engines at the
+    start (t intervals over seeds both ways), the lag over training (K = 0 ... 8, steps 50-190) and the paper's
+    Qwen3-30B-A3B figures. Right: the share of that kl left with R3 (kl with R3 / kl), per row, the same rows."""
+    from experiments.regime import levers
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw=dict(width_ratios=[1.25, 1]))
+    share = []  # (label, kl_r3 / kl, colour)
+    line = data.get("dial_line", {})
+    if line:
+        xs = [v["token_flip_rate"] for v in line.values()]
+        ax.plot(xs, [v["kl"] for v in line.values()], "-o", color="tab:gray", ms=5, label="the dial, start of RL")
+        for name, v in line.items():
+            ax.annotate(name, (v["token_flip_rate"], v["kl"]), textcoords="offset points", xytext=(4, -10), fontsize=7,
+                        color="tab:gray")
+            share.append((f"dial {name} (start)", v["kl_r3"] / v["kl"], "tab:gray"))
+    marks = {"qwen3-ratio": "s", "toy": "^"}
+    colours = {"int4": "tab:orange", "fp4": "tab:purple"}
+    for row, (preset, dtype) in levers.LOWBIT_ROWS.items():
+        s = data["lowbit"][row]["start"]
+        t, k = s.get("token_flip_rate"), s.get("kl")
+        if not t or not k or t.get("mean") is None or k.get("mean") is None:
+            continue
+        ax.errorbar(t["mean"], k["mean"], xerr=_err(t), yerr=_err(k), fmt=marks[preset], color=colours[dtype],
+                    capsize=2, label=f"{preset}, {dtype} engine (start)")
+        if (s.get("kl_r3") or {}).get("mean") is not None:
+            share.append((f"{preset} {dtype} (start)", s["kl_r3"]["mean"] / k["mean"], colours[dtype]))
+    lag = [(name, v) for name, v in data["lag"].items() if name != "lv3" and v.get("n")]
+    if lag:
+        ax.plot([v["token_flip_rate"]["mean"] for _, v in lag], [v["kl"]["mean"] for _, v in lag], "-D",
+                color="tab:green", ms=5, label="rollout lag K (steps 50-190)")
+        for name, v in lag:
+            ax.annotate(f"K={name[3:]}", (v["token_flip_rate"]["mean"], v["kl"]["mean"]), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7, color="tab:green")
+            if (v.get("probe_kl") or {}).get("mean") and (v.get("probe_kl_r3") or {}).get("mean") is not None:
+                share.append((f"lag K={name[3:]} (probe, step 200)", v["probe_kl_r3"]["mean"] / v["probe_kl"]["mean"],
+                              "tab:green"))
+    p = data["paper"]
+    ax.plot(p["token_flip_rate"], p["kl"], "*", color="black", ms=14, label="paper, Qwen3-30B-A3B")
+    share.append(("paper, Qwen3-30B-A3B", p["kl_r3"] / p["kl"], "black"))
+    ax.set_yscale("log")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("tokens with at least one flipped expert (engine vs trainer)")
+    ax.set_ylabel("train-inference kl (k3), no replay")
+    status = "" if data.get("complete") else " (partial)"
+    ax.set_title(f"where each lever puts the toy (means over seeds 0-7){status}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    for i, (label, v, colour) in enumerate(share):
+        bx.barh(i, v, color=colour, alpha=0.8)
+        bx.annotate(f"{v:.2f}", (v, i), textcoords="offset points", xytext=(3, -3), fontsize=7)
+    bx.set_yticks(range(len(share)), [s[0] for s in share], fontsize=7)
+    bx.invert_yaxis()
+    bx.set_xlim(0, 1.1)
+    bx.axvline(1.0, color="black", lw=0.5)
+    bx.set_xlabel("kl left with R3 (kl with R3 / kl without)")
+    bx.set_title("what R3 removes: a short bar is a large cut", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
