@@ -130,22 +130,51 @@ def test_the_grid_report_is_partial_until_every_planned_run_and_marks_each_claus
     rows = dict(k_star=8, int4_preset="qwen3-ratio", int4_why="the rule")
     held, flat = [None] * 8, [0.5] * 8
     cells = {c: entry(held, flat) for c in levers.grid_cells(8, "qwen3-ratio")}
-    cells["qwen3-ratio-int4-clip/none/n4"] = entry([300, 400, 500] + [None] * 5, flat)
-    planned = plan(rows, str(tmp_path / "runs"), levers.GRID_SEEDS)
+    int4 = "qwen3-ratio-int4-clip"
+    cells[f"{int4}/none/n4"] = entry([300, 400, 500] + [None] * 5, flat)  # 3 of 8 against 0: the extension runs
     del cells["lag8-clip/tis/n4"]["runs"][39]
     cells["lag8-clip/tis/n4"] = cell_entry(cells["lag8-clip/tis/n4"]["runs"])
-    data = write_grid(str(tmp_path), cells, rows, [], 0.0, planned)
+    data = write_grid(str(tmp_path), cells, rows, 0.0)
     md = (tmp_path / "grid.md").read_text()
-    assert not data["complete"] and "**partial: 79 of 80 planned runs finished**" in md
-    assert {v for cl in data["verdicts"].values() for _, v in cl} == {"pending"}  # seed 39 of one cell is missing
+    assert not data["complete"] and "**partial: 79 of 112 planned runs finished**" in md  # int4 extends already
+    assert {v for _, v in data["verdicts"]["lagK"]} == {"pending"}  # seed 39 of one of its cells is missing
+    assert dict(data["verdicts"]["lag1"]) == {"each arm 0-1 falls of 8": "confirmed", "nothing separates": "confirmed"}
+    assert dict(data["verdicts"]["int4"])["r3-tis fewest"] == "pending"  # its setting runs seeds 40-47 first
     cells["lag8-clip/tis/n4"] = entry(held, flat)
-    data = write_grid(str(tmp_path), cells, rows, [], 0.0, planned)
+    data = write_grid(str(tmp_path), cells, rows, 0.0)
     md = (tmp_path / "grid.md").read_text()
-    assert data["complete"] and "(pre-registered in experiments/regime/levers.py; complete)" in md
+    assert data["extended"] == [int4] and "**partial: 80 of 112 planned runs finished**" in md  # 4 cells x 40-47
     v = {name: dict(cl) for name, cl in data["verdicts"].items()}
     assert v["int4"]["no replay falls on 2-4 of 8"] == "confirmed" and v["lag1"]["each arm 0-1 falls of 8"] == \
         "confirmed" and v["lagK"]["no replay falls on 1-3 of 8"] == "refuted"  # lag 8's no replay never fell
-    assert "3 of 8 [14%, 69%]" in md and "  - TIS falls least: **refuted**" in md
+    assert v["int4"]["the extension rule runs seeds 40-47"] == "confirmed" and v["int4"]["r3-tis fewest"] == "pending"
+    assert "3 of 8 [14%, 69%]" in md and "  - TIS falls least: **refuted**" in md  # all at 0: not 'least'
+    for c in levers.lowbit_cells("qwen3-ratio"):  # the extension's seeds 40-47: no replay falls on 4 more
+        more = {s: dict(collapse_step=300 if c.endswith("/none/n4") and s < 44 else None, heldout_area=0.5,
+                        max_drawdown=0.0, best_heldout=0.5, final_heldout=0.5) for s in levers.EXTRA_SEEDS}
+        cells[c] = cell_entry({**cells[c]["runs"], **more})
+    data = write_grid(str(tmp_path), cells, rows, 0.0)
+    assert data["complete"] and "(pre-registered in experiments/regime/levers.py; complete)" in \
+        (tmp_path / "grid.md").read_text()
+    v = {name: dict(cl) for name, cl in data["verdicts"].items()}
+    assert v["int4"]["r3-tis fewest"] == "confirmed"  # 0 of 16: none fall less, no replay falls more (ties allowed)
+    assert v["int4"]["at 8 seeds no Holm-adjusted p below 0.05"] == "confirmed"  # 3 of 8 vs 0 of 8
+    sep = [t for t in data["tests"] if t["a"] == f"{int4}/none/n4" and t["metric"] == "collapsed"]
+    assert sep and min(t["p_holm"] for t in sep) < 0.05  # 7 of 16 against 0 of 16 does separate, over 16 seeds
+    runs = dict(cells[f"{int4}/r3-tis/n4"]["runs"])
+    runs[45] = dict(runs[45], collapse_step=600)
+    cells[f"{int4}/r3-tis/n4"] = cell_entry(runs)
+    v = {name: dict(cl) for name, cl in write_grid(str(tmp_path), cells, rows, 0.0)["verdicts"].items()}
+    assert v["int4"]["r3-tis fewest"] == "refuted"  # 1 of 16, where r3 and tis fell on none
+
+
+def test_the_extension_waits_for_every_planned_cell():
+    held, flat = [None] * 8, [0.5] * 8
+    planned = levers.lowbit_cells("toy")
+    cells = {c: entry(held, flat) for c in planned[1:]}
+    cells["toy-int4-clip/r3/n4"] = entry([100, 200, 300] + [None] * 5, flat)
+    assert extended(cells) == ["toy-int4-clip"]  # what has run separates
+    assert extended(cells, planned_cells=planned) == []  # but no replay's cell has not started
 
 
 TINY = ["--steps", "4", "--prompts-per-step", "3", "--group-size", "2", "--warmup-steps", "3", "--task", "sort:3-4",

@@ -68,7 +68,8 @@ def pairs(cells: list[str]) -> list[tuple[str, str, str]]:
         out += [("A", c("none"), c("r3"))] if has("none") and has("r3") else []
         out += [("B", c("none"), c("tis"))] if has("none") and has("tis") else []
         out += [("B", c("tis"), c("r3"))] if has("tis") and has("r3") else []
-        out += [("B", c("r3"), c("r3-tis")), ("B", c("none"), c("r3-tis"))] if has("r3-tis") else []
+        out += [("B", c("r3"), c("r3-tis"))] if has("r3") and has("r3-tis") else []
+        out += [("B", c("none"), c("r3-tis"))] if has("none") and has("r3-tis") else []
     return out
 
 
@@ -96,14 +97,16 @@ def grid_tests(cells: dict) -> list[dict]:
     return res
 
 
-def extended(cells: dict, seeds=levers.GRID_SEEDS) -> list[str]:
-    """EXTEND_TEXT: the settings whose every cell finished `seeds` and one of whose pairs separates there."""
+def extended(cells: dict, seeds=levers.GRID_SEEDS, planned_cells: list[str] | None = None) -> list[str]:
+    """EXTEND_TEXT: the settings whose every cell (every one of `planned_cells` there, when given) finished `seeds`
+    and one of whose pairs separates there."""
+    names = list(planned_cells) if planned_cells is not None else list(cells)
     out = []
-    for setting in dict.fromkeys(c.split("/")[0] for c in cells):
-        mine = {c: v for c, v in cells.items() if c.startswith(setting + "/")}
-        if not all(set(seeds) <= set(v["runs"]) for v in mine.values()):
+    for setting in dict.fromkeys(c.split("/")[0] for c in names):
+        mine = [c for c in names if c.startswith(setting + "/")]
+        if not all(c in cells and set(seeds) <= set(cells[c]["runs"]) for c in mine):
             continue
-        first = {c: cell_entry({s: v["runs"][s] for s in seeds}) for c, v in mine.items()}
+        first = {c: cell_entry({s: cells[c]["runs"][s] for s in seeds}) for c in mine}
         for t in grid_tests(first):
             if (t["metric"] == "collapsed" and abs(t["effect"]) * len(seeds) >= 2 - 1e-9) or \
                     (t["metric"] == "heldout_area" and t["p"] < 0.1):
@@ -121,19 +124,27 @@ def collect(runs: list[tuple], records: str) -> dict:
     return {c: cell_entry(runs) for c, runs in done.items()}
 
 
-def write_grid(out: str, cells: dict, rows: dict, ext: list[str], t0: float, planned: list[tuple]) -> dict:
+def write_grid(out: str, cells: dict, rows: dict, t0: float) -> dict:
     """OUT/grid.{json,md}: per cell its collapse count (Wilson 95 %) and means, the tests, and each prediction's
-    clauses with their verdicts (verdicts.levers_grid); marked partial until every planned run has finished."""
+    clauses with their verdicts (verdicts.levers_grid); marked partial until every planned run has finished (the
+    first look's 8 seeds of every cell, and seeds 40-47 of the settings the extension rule picks from those)."""
     ts = grid_tests(cells)
     k_star, preset = rows["k_star"], rows["int4_preset"]
+    planned_cells = levers.grid_cells(k_star, preset)
     first = {c: cell_entry({s: r for s, r in e["runs"].items() if s in levers.GRID_SEEDS}) for c, e in cells.items()}
-    complete8 = all(set(levers.GRID_SEEDS) <= set(cells.get(c, {"runs": {}})["runs"])
-                    for c in levers.grid_cells(k_star, preset))
+    ext = extended(cells, planned_cells=planned_cells)
+    planned = {(c, s) for c in planned_cells for s in levers.GRID_SEEDS} | \
+        {(c, s) for c in planned_cells if c.split("/")[0] in ext for s in levers.EXTRA_SEEDS}
+    has = lambda c, s: s in cells.get(c, {"runs": {}})["runs"]  # noqa: E731
+    settings = {c.split("/")[0] for c in planned_cells}
+    done8 = {st for st in settings if all(has(c, s) for c in planned_cells if c.startswith(st + "/")
+                                          for s in levers.GRID_SEEDS)}
+    done = {st for st in settings if all(has(c, s) for c, s in planned if c.startswith(st + "/"))} & done8
     n_done = sum(e["n"] for e in cells.values())
-    complete = complete8 and n_done >= len(planned)
+    complete = done == settings
     counts = lambda cs: {c: (e["collapsed"], e["n"]) for c, e in cs.items()}  # noqa: E731
-    verdict = verdicts.levers_grid(grid_tests(first), ts, counts(first), counts(cells), ext, k_star, preset,
-                                   complete8, complete)
+    verdict = verdicts.levers_grid(grid_tests(first), ts, counts(first), counts(cells), ext, k_star, preset, done8,
+                                   done)
     lines = ["| cell | collapsed [Wilson 95 %] | best / final held-out (mean) | held-out area | max drawdown (mean) |",
              "|---" * 5 + "|"]
     for c, e in cells.items():
@@ -171,14 +182,14 @@ def main(args, t0: float) -> dict:
         levers_report.write_rows(args.out, data, t0)
         return data
     rows = levers_report.rows_data(args.out, design.SEEDS)
-    first = plan(rows, args.runs_dir, [s for s in levers.GRID_SEEDS if args.seeds is None or s in args.seeds])
+    wanted = lambda runs: [r for r in runs if args.seeds is None or r[1] in args.seeds]  # noqa: E731
+    full = plan(rows, args.runs_dir, levers.GRID_SEEDS)
     if not args.report:
-        run_all([r[2:] for r in first], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
+        run_all([r[2:] for r in wanted(full)], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
                 records=args.records)
-    ext = extended(collect(first, args.records))
-    more = [r for r in plan(rows, args.runs_dir, levers.EXTRA_SEEDS) if r[0].split("/")[0] in ext
-            and (args.seeds is None or r[1] in args.seeds)]
-    if more and not args.report:
-        run_all([r[2:] for r in more], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
+    ext = extended(collect(full, args.records), planned_cells=levers.grid_cells(*decided(rows)))
+    extra = [r for r in plan(rows, args.runs_dir, levers.EXTRA_SEEDS) if r[0].split("/")[0] in ext]
+    if wanted(extra) and not args.report:
+        run_all([r[2:] for r in wanted(extra)], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
                 records=args.records)
-    return write_grid(args.out, collect(first + more, args.records), rows, ext, t0, first + more)
+    return write_grid(args.out, collect(full + extra, args.records), rows, t0)

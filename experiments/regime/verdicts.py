@@ -5,30 +5,29 @@ Written 2026-12-07, before the first run of the comparison's seven other arms an
 the confirmation's 96 runs had been reported (lv3-clip: no replay fell on 1 of 11 seeds, R3 on 0 of 11). It reads each
 prediction as it was written at its design commit (4ea99c4, 0c588dd) and adds none; it only says, before the results,
 which outcome of the pre-registered tests confirms or refutes each one, so that no verdict is a judgement made after
-looking. A verdict is one of: confirmed, refuted, not decided (the tests cannot tell at this many seeds), or pending
-(its runs are not all finished). Parts of a prediction that no pre-registered measure reads (GSPO "learns more slowly
+looking. A verdict is one of: confirmed, refuted, not decided (the tests cannot tell at this many seeds), pending
+(its runs are not all finished), or not tested. Parts of a prediction that no pre-registered measure reads (GSPO "learns more slowly
 early") are marked not tested, with the nearest number beside them as description.
 
   compare(cmp, confirmation)    {arm: verdict} for confirm.PREDICTIONS, and the confirmation's own prediction
-  levers_grid(tests8, tests, counts8, counts, extended, k_star, complete8, complete)
+  levers_grid(tests8, tests, counts8, counts, extended, k_star, preset, done8, done)
                                 the levers' grid predictions, clause by clause
 """
 from experiments.common import fmt
+from experiments.regime import levers
 from experiments.stats import newcombe
 
-EQUIV_MARGIN = 0.25
 KINDS_TEXT = (
-    "a prediction's verdict, by its kind (arm - none is the arm's collapse rate minus no replay's at lv3-clip, seeds "
-    "8-23; 'separates' is family A's Fisher test with Holm p < 0.05). 'About as no replay' (tis, mis): refuted when "
-    "it separates, either way; confirmed when the Newcombe 95 % interval of arm - none lies within ±"
-    f"{EQUIV_MARGIN:.2f} (at 16 seeds per arm the narrowest interval there is, 0 of 16 against 0 of 16, is ±0.19); "
-    "otherwise not decided. 'No better than no replay' (r2): refuted when it separates with fewer falls; confirmed "
-    f"when the interval's lower end is above -{EQUIV_MARGIN:.2f} (a cut of that size is ruled out); otherwise not "
-    "decided. 'Fewer than no replay' (gspo): confirmed when it separates with fewer falls; refuted when "
-    f"it separates with more, or when it falls at least once and the interval's lower end is above -{EQUIV_MARGIN:.2f} "
-    "(a cut of that size is ruled out); otherwise not decided. 'Fewer, but not none' (icepop): as 'fewer', and also "
-    "refuted when it separates with no fall at all. 'Holds' (r3, r3-tis, gspo-r3; 'no falls, or far fewer'): "
-    "confirmed when the arm never falls, or separates with fewer falls; refuted as 'fewer' is; otherwise not decided")
+    "a prediction's verdict, by its kind ('separates' is family A's Fisher test of the arm against no replay at "
+    "lv3-clip, seeds 8-23, with Holm p < 0.05; arm - none is the difference of collapse rates, printed with its "
+    "Newcombe 95 % interval). 'About as no replay' (tis, mis): refuted when it separates, either way; otherwise not "
+    "decided (at 16 seeds per arm no equivalence can be shown, so this prediction can only fail). 'No better than no "
+    "replay' (r2): refuted when it separates with fewer falls; otherwise not decided. 'Fewer than no replay' (gspo): "
+    "confirmed when it separates with fewer falls, refuted when it separates with more; otherwise not decided. 'Fewer, "
+    "but not none' (icepop): as 'fewer', and also refuted when it separates with no fall at all. 'Holds' (r3, r3-tis, "
+    "gspo-r3: 'no falls, or far fewer'): confirmed when the arm never falls or separates with fewer falls; refuted when "
+    "it separates with more, or falls at least once and at least as often as no replay (then neither half of the "
+    "prediction is true of the runs); otherwise not decided. Every verdict is pending until all 144 runs are in")
 KINDS = {"tis": "as-none", "icepop": "fewer-not-none", "mis": "as-none", "r2": "not-better", "r3": "holds",
          "r3-tis": "holds", "gspo": "fewer", "gspo-r3": "holds"}
 NOT_TESTED = {"gspo": "'learns more slowly (smaller held-out area early)': no pre-registered measure reads the early "
@@ -39,35 +38,26 @@ NOT_TESTED = {"gspo": "'learns more slowly (smaller held-out area early)': no pr
 
 def _verdict(kind: str, k: int, n: int, k0: int, n0: int, p_holm: float) -> tuple[str, str]:
     """(verdict, why) of one arm's collapse prediction of `kind`: k of n falls against no replay's k0 of n0."""
-    sep = p_holm < 0.05
-    fewer, rate, rate0 = k / n < k0 / n0, k / n, k0 / n0
-    counts = f"{k}/{n} against no replay's {k0}/{n0}, Holm p {p_holm:.3g}"
+    sep, fewer, more = p_holm < 0.05, k / n < k0 / n0, k / n > k0 / n0
+    lo, hi = newcombe(k, n, k0, n0)
+    counts = f"{k}/{n} against no replay's {k0}/{n0}, arm - none {k / n - k0 / n0:+.2f} [{lo:+.2f}, {hi:+.2f}], " \
+             f"Holm p {p_holm:.3g}"
     if kind == "as-none":
-        lo, hi = newcombe(k, n, k0, n0)
-        if sep:
-            return "refuted", f"separates from no replay ({counts})"
-        if -EQUIV_MARGIN <= lo and hi <= EQUIV_MARGIN:
-            return "confirmed", f"arm - none {rate - rate0:+.2f} [{lo:+.2f}, {hi:+.2f}] within ±{EQUIV_MARGIN} ({counts})"
-        return "not decided", f"arm - none [{lo:+.2f}, {hi:+.2f}] is wider than ±{EQUIV_MARGIN} ({counts})"
+        return ("refuted", f"separates ({counts})") if sep else ("not decided", f"does not separate ({counts})")
     if kind == "not-better":
-        lo, hi = newcombe(k, n, k0, n0)
-        if sep and fewer:
-            return "refuted", f"separates from no replay with fewer falls ({counts})"
-        if lo > -EQUIV_MARGIN:
-            return "confirmed", f"arm - none {rate - rate0:+.2f} [{lo:+.2f}, {hi:+.2f}]: no cut of {EQUIV_MARGIN} " \
-                                f"or more ({counts})"
-        return "not decided", f"arm - none [{lo:+.2f}, {hi:+.2f}] leaves a cut of {EQUIV_MARGIN} open ({counts})"
+        return ("refuted", f"separates with fewer falls ({counts})") if sep and fewer else \
+            ("not decided", f"no cut shown ({counts})")
     if kind == "holds" and k == 0:
         return "confirmed", f"never fell ({counts})"
     if kind == "fewer-not-none" and sep and fewer and k == 0:
-        return "refuted", f"prevented every fall, which the prediction ruled out ({counts})"
+        return "refuted", f"prevented every fall, which 'but not none' ruled out ({counts})"
     if sep and fewer:
-        return "confirmed", f"fewer falls, separates ({counts})"
-    lo, hi = newcombe(k, n, k0, n0)
-    if sep or (k >= 1 and lo > -EQUIV_MARGIN):
-        return "refuted", (f"separates with more falls ({counts})" if sep else
-                           f"fell, and arm - none [{lo:+.2f}, {hi:+.2f}] rules out a cut of {EQUIV_MARGIN} ({counts})")
-    return "not decided", f"does not separate; arm - none [{lo:+.2f}, {hi:+.2f}] ({counts})"
+        return "confirmed", f"separates with fewer falls ({counts})"
+    if sep and more:
+        return "refuted", f"separates with more falls ({counts})"
+    if kind == "holds" and k >= 1 and not fewer:
+        return "refuted", f"fell, and not less often than no replay ({counts})"
+    return "not decided", f"does not separate ({counts})"
 
 
 def compare(cmp: dict, confirmation: dict) -> dict:
@@ -118,51 +108,59 @@ def _confirmation(c: dict) -> dict:
 # ------------------------------------------------------------------------------------------------ the levers' grid
 LEVERS_TEXT = (
     "the levers' grid predictions, clause by clause. Counts 'of 8' read seeds 32-39 (the first look), whatever the "
-    "extension does; a test reads the seeds the setting ran (8, or 16 when extended). lag1: 'each arm 0-1 falls of 8' "
-    "and 'nothing separates' (the setting is not extended and no Holm p < 0.05). lagK: 'no replay falls on 1-3 of 8'; "
-    "'R3 does not separate from no replay' (family A's Holm p >= 0.05); 'TIS falls least' (fewer falls than none and "
-    "than r3). int4: 'no replay on 2-4 of 8'; 'R3 on fewer (0-2)' (r3's count at most 2 and below none's); 'TIS about "
-    "as no replay' (counts within one of each other, of 8); 'r3-tis fewest' (no arm falls less); 'at 8 seeds no Holm "
-    "p below 0.05' (every test of the first look); 'the extension rule runs seeds 40-47'. A clause is pending until its "
+    "extension does; the other clauses read every seed the setting ran (8, or 16 when extended). 'Separates' is any of "
+    "a pair's three tests (collapse counts, held-out area, drawdown) with Holm p < 0.05. lag1: 'each arm 0-1 falls of "
+    "8'; 'nothing separates' (the setting is not extended and none of its tests separates). lagK: 'no replay falls on "
+    "1-3 of 8'; 'R3 does not separate from no replay' (none of family A's three tests of none against r3 there "
+    "separates); 'TIS falls least' (no arm falls less than tis, and one falls more). int4: 'no replay on 2-4 of 8'; "
+    "'R3 on fewer (0-2)' (r3's count at most 2 and below none's, of 8); 'TIS about as no replay' (counts within one "
+    "of each other, of 8); 'r3-tis fewest' (no arm falls less than r3-tis, and one falls more); 'at 8 seeds no "
+    "Holm-adjusted p below 0.05' (none of the setting's tests at the first look); 'the extension rule runs seeds "
+    "40-47'. With K* = 1 there is one lag setting and the lagK clauses are not tested. A clause is pending until its "
     "seeds are finished")
 
 
+def _least(mine: int, others: list[int]) -> bool:
+    """'falls least': no other arm falls less, and at least one falls more (all at zero is not 'least')."""
+    return all(mine <= o for o in others) and any(mine < o for o in others)
+
+
 def levers_grid(tests8: list[dict], tests: list[dict], counts8: dict, counts: dict, extended: list[str],
-                k_star: int, preset: str, complete8: bool, complete: bool) -> dict:
-    """{setting name: [(clause, verdict)]}. counts / counts8: {cell: (collapsed, n)} over all seeds / seeds 32-39;
-    tests / tests8: levers_run.grid_tests over all seeds / seeds 32-39."""
+                k_star: int, preset: str, done8: set, done: set) -> dict:
+    """{'lag1' | 'lagK' | 'int4': [(clause, verdict)]}. counts / counts8: {cell: (collapsed, n)} over all seeds / seeds
+    32-39; tests / tests8: levers_run.grid_tests over all seeds / seeds 32-39 (each with its p_holm); done8 / done: the
+    settings whose every cell finished seeds 32-39 / every seed it is planned to run."""
     def c(cell, first=True):
         return (counts8 if first else counts).get(cell, (0, 0))[0]
 
-    def yes(ok, done):
-        return "pending" if not done else ("confirmed" if ok else "refuted")
+    def yes(ok, finished):
+        return "pending" if not finished else ("confirmed" if ok else "refuted")
 
-    def sep(setting, tl):
-        return any(t["p_holm"] < 0.05 for t in tl if t["a"].startswith(setting + "/"))
-
-    def test(setting, a, b, tl):
-        return next((t for t in tl if t["a"] == f"{setting}/{a}/n4" and t["b"] == f"{setting}/{b}/n4"
-                     and t["metric"] == "collapsed"), None)
+    def sep(tl, setting, a=None, b=None):
+        return any(t["p_holm"] < 0.05 for t in tl if t["a"].startswith(setting + "/") and
+                   (a is None or (t["a"], t["b"]) == (f"{setting}/{a}/n4", f"{setting}/{b}/n4")))
 
     out = {}
     s1 = "lag1-clip"
-    out["lag1"] = [("each arm 0-1 falls of 8", yes(all(c(f"{s1}/{a}/n4") <= 1 for a in ("none", "r3", "tis")),
-                                                   complete8)),
-                   ("nothing separates", yes(s1 not in extended and not sep(s1, tests), complete))]
-    if k_star != 1:
+    out["lag1"] = [("each arm 0-1 falls of 8", yes(all(c(f"{s1}/{a}/n4") <= 1 for a in levers.LAG_ARMS),
+                                                   s1 in done8)),
+                   ("nothing separates", yes(s1 not in extended and not sep(tests, s1), s1 in done))]
+    if k_star == 1:
+        out["lagK"] = [("every clause", "not tested (K* = 1: one lag setting)")]
+    else:
         sk = f"lag{k_star}-clip"
-        t = test(sk, "none", "r3", tests)
         tis, none, r3 = (c(f"{sk}/{a}/n4", False) for a in ("tis", "none", "r3"))
-        out["lagK"] = [("no replay falls on 1-3 of 8", yes(1 <= c(f"{sk}/none/n4") <= 3, complete8)),
-                       ("R3 does not separate from no replay", yes(t is not None and t["p_holm"] >= 0.05, complete)),
-                       ("TIS falls least", yes(tis < none and tis < r3, complete))]
+        out["lagK"] = [("no replay falls on 1-3 of 8", yes(1 <= c(f"{sk}/none/n4") <= 3, sk in done8)),
+                       ("R3 does not separate from no replay", yes(not sep(tests, sk, "none", "r3"), sk in done)),
+                       ("TIS falls least", yes(_least(tis, [none, r3]), sk in done))]
     si = f"{preset}-int4-clip"
     n8, r8, t8 = (c(f"{si}/{a}/n4") for a in ("none", "r3", "tis"))
-    allc = {a: c(f"{si}/{a}/n4", False) for a in ("none", "r3", "tis", "r3-tis")}
-    out["int4"] = [("no replay falls on 2-4 of 8", yes(2 <= n8 <= 4, complete8)),
-                   ("R3 on fewer (0-2 of 8)", yes(r8 <= 2 and r8 < n8, complete8)),
-                   ("TIS about as no replay (within one fall of 8)", yes(abs(t8 - n8) <= 1, complete8)),
-                   ("r3-tis fewest", yes(allc["r3-tis"] <= min(allc.values()), complete)),
-                   ("at 8 seeds no Holm-adjusted p below 0.05", yes(not sep(si, tests8), complete8)),
-                   ("the extension rule runs seeds 40-47", yes(si in extended, complete8))]
+    allc = {a: c(f"{si}/{a}/n4", False) for a in levers.LOWBIT_ARMS}
+    out["int4"] = [("no replay falls on 2-4 of 8", yes(2 <= n8 <= 4, si in done8)),
+                   ("R3 on fewer (0-2 of 8)", yes(r8 <= 2 and r8 < n8, si in done8)),
+                   ("TIS about as no replay (within one fall of 8)", yes(abs(t8 - n8) <= 1, si in done8)),
+                   ("r3-tis fewest", yes(_least(allc["r3-tis"], [v for a, v in allc.items() if a != "r3-tis"]),
+                                         si in done)),
+                   ("at 8 seeds no Holm-adjusted p below 0.05", yes(not sep(tests8, si), si in done8)),
+                   ("the extension rule runs seeds 40-47", yes(si in extended, si in done8))]
     return out
