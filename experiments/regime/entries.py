@@ -51,9 +51,11 @@ ENTRIES = (
                                                 "the regime grid's, for the pooled numbers)"),),
           note="round 5 (experiments/regime/confirm.py, fixed before its runs): 96 confirmation runs and 112 "
                "comparison runs of 800 steps, one record per finished run; PARTIAL until confirm.json says complete "
-               "(`--report` rewrites the tables from the runs finished so far, the commands resume the rest; about "
-               "20 min a run on one thread beside other work, some 40 core-hours in all)"),
-    Entry("levers_rows", "results/regime/levers", ("rows.json", "rows.md", "measure/*.json", "records/*.jsonl.gz"),
+               "(`--report` rewrites the tables from the runs finished so far, the commands resume the rest; 7-9 min "
+               "a run with two runs on the two otherwise idle cores (seeds 20-21), about 20 beside other work; some "
+               "30 core-hours in all)"),
+    Entry("levers_rows", "results/regime/levers", ("rows.json", "rows.md", "rows.png", "measure/*.json",
+                                                   "records/*.jsonl.gz"),
           ("python -m experiments.regime --levers --jobs 2",), wall_s=12000,
           check_commands=("python -m experiments.regime --levers --report --measured results/regime/levers "
                           "--out {out}",), check_wall_s=10, quick=True,
