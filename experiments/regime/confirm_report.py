@@ -175,11 +175,12 @@ def report_md(data: dict) -> str:
               f"{confirm.COMPARE_SEEDS[0]}-{confirm.COMPARE_SEEDS[-1]}; none and r3 are the confirmation's runs)",
               f"Tests (fixed before any run): {confirm.COMPARE_TESTS_TEXT}.",
               "| arm | flags | fell [Wilson 95 %] | held-out area | drawdown | median max grad norm | mean kl "
-              "| kl trend | share corrected | prediction (below) |\n|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(
+              "| kl trend | share corrected | prediction (below) |\n" + "|---" * 10 + "|\n" + "\n".join(
                   f"| {a} | `{' '.join(f'{n} {v}' for n, v in confirm.ARMS[a]) or '(base)'}` | "
                   f"{x['collapsed']}/{x['n']} ({_ci(x['rate'], x['rate_ci'])} %) | {fmt(x['heldout_area'])} | "
                   f"{fmt(x['max_drawdown'])} | {fmt(x['median_max_grad_norm'])} | {fmt(x['mean_kl'])} | "
-                  f"{fmt(x['kl_trend'])} | {fmt(x['corrected_share'])} | {data['verdicts'].get(a, {}).get('verdict', '(base)')} |"
+                  f"{fmt(x['kl_trend'])} | {fmt(x['corrected_share'])} | "
+                  f"{data['verdicts'].get(a, {}).get('verdict', '(base)')} |"
                   for a, x in k["arms"].items()),
               "| family | arm | against | metric | counts | effect (arm - base) [95 % t] | p | Holm p |\n"
               "|---|---|---|---|---|---|---|---|\n" + "\n".join(

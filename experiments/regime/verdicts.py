@@ -5,9 +5,9 @@ Written 2026-12-07, before the first run of the comparison's seven other arms an
 the confirmation's 96 runs had been reported (lv3-clip: no replay fell on 1 of 11 seeds, R3 on 0 of 11). It reads each
 prediction as it was written at its design commit (4ea99c4, 0c588dd) and adds none; it only says, before the results,
 which outcome of the pre-registered tests confirms or refutes each one, so that no verdict is a judgement made after
-looking. A verdict is one of: confirmed, refuted, not decided (the tests cannot tell at this many seeds), pending
-(its runs are not all finished), or not tested. Parts of a prediction that no pre-registered measure reads (GSPO "learns more slowly
-early") are marked not tested, with the nearest number beside them as description.
+looking. A verdict is one of: confirmed, refuted, not decided (the tests cannot tell at this many seeds), pending (its
+runs are not all finished), or not tested. Parts of a prediction that no pre-registered measure reads (GSPO "learns
+more slowly early") are marked not tested, with the nearest number beside them as description.
 
   compare(cmp, confirmation)    {arm: verdict} for confirm.PREDICTIONS, and the confirmation's own prediction
   levers_grid(tests8, tests, counts8, counts, extended, k_star, preset, done8, done)
@@ -25,7 +25,8 @@ KINDS_TEXT = (
     "replay' (r2): refuted when it separates with fewer falls; otherwise not decided. 'Fewer than no replay' (gspo): "
     "confirmed when it separates with fewer falls, refuted when it separates with more; otherwise not decided. 'Fewer, "
     "but not none' (icepop): as 'fewer', and also refuted when it separates with no fall at all. 'Holds' (r3, r3-tis, "
-    "gspo-r3: 'no falls, or far fewer'): confirmed when the arm never falls or separates with fewer falls; refuted when "
+    "gspo-r3: 'no falls, or far fewer'): confirmed when the arm never falls or separates with fewer falls; refuted "
+    "when "
     "it separates with more, or falls at least once and at least as often as no replay (then neither half of the "
     "prediction is true of the runs); otherwise not decided. Every verdict is pending until all 144 runs are in")
 KINDS = {"tis": "as-none", "icepop": "fewer-not-none", "mis": "as-none", "r2": "not-better", "r3": "holds",
@@ -77,8 +78,9 @@ def compare(cmp: dict, confirmation: dict) -> dict:
             v = dict(verdict=verdict, why=why)
         if arm in NOT_TESTED:
             t = area_a.get(arm)
+            gspo = cmp["arms"]["gspo"]["heldout_area"]
             desc = (f"held-out area against no replay {t['effect']:+.3f}" if arm == "gspo" and t else
-                    f"mean held-out area gspo-r3 {fmt(x['heldout_area'])}, gspo {fmt(cmp['arms']['gspo']['heldout_area'])}"
+                    f"mean held-out area gspo-r3 {fmt(x['heldout_area'])}, gspo {fmt(gspo)}"
                     if arm == "gspo-r3" else "")
             v["not_tested"] = f"{NOT_TESTED[arm]} ({desc or 'no runs yet'})"
         out[arm] = v
