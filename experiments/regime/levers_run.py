@@ -135,11 +135,10 @@ def write_grid(out: str, cells: dict, rows: dict, t0: float) -> dict:
     ext = extended(cells, planned_cells=planned_cells)
     planned = {(c, s) for c in planned_cells for s in levers.GRID_SEEDS} | \
         {(c, s) for c in planned_cells if c.split("/")[0] in ext for s in levers.EXTRA_SEEDS}
-    has = lambda c, s: s in cells.get(c, {"runs": {}})["runs"]  # noqa: E731
+    missing = {(c, s) for c, s in planned if s not in cells.get(c, {"runs": {}})["runs"]}
     settings = {c.split("/")[0] for c in planned_cells}
-    done8 = {st for st in settings if all(has(c, s) for c in planned_cells if c.startswith(st + "/")
-                                          for s in levers.GRID_SEEDS)}
-    done = {st for st in settings if all(has(c, s) for c, s in planned if c.startswith(st + "/"))} & done8
+    done8 = settings - {c.split("/")[0] for c, s in missing if s in levers.GRID_SEEDS}  # the first look is in
+    done = settings - {c.split("/")[0] for c, _ in missing}  # every planned seed is in
     n_done = sum(e["n"] for e in cells.values())
     complete = done == settings
     counts = lambda cs: {c: (e["collapsed"], e["n"]) for c, e in cs.items()}  # noqa: E731
