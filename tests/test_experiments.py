@@ -15,8 +15,8 @@ ENV = dict(os.environ, PYTHONPATH=ROOT)  # the sweep runs from its own folder; `
 
 
 def collapse(tmp_path, *extra):
-    cmd = [sys.executable, "-m", "experiments.collapse", "--seeds", "0", "1", "--steps", "3",
-           "--common", TINY, "--runs-dir", "runs", "--out", "out", *extra]
+    cmd = [sys.executable, "-m", "experiments.collapse", "--setting", "headline", "--seeds", "0", "1", "--steps",
+           "3", "--common", TINY, "--runs-dir", "runs", "--out", "out", *extra]  # extra's --setting wins
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=400, env=ENV)
 
 
@@ -44,8 +44,9 @@ def test_collapse_sweep_writes_table_and_resumes(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert all(len(open(tmp_path / "runs" / d / "metrics.jsonl").readlines()) == 4
                for d in os.listdir(tmp_path / "runs") if d != "logs")
-    r = subprocess.run([sys.executable, "-m", "experiments.collapse", "--seeds", "0", "--steps",
-                        "3", "--common", TINY + " --lr 1e-2", "--runs-dir", "runs", "--out", "out"], cwd=tmp_path,
+    r = subprocess.run([sys.executable, "-m", "experiments.collapse", "--setting", "headline", "--seeds", "0",
+                        "--steps", "3", "--common", TINY + " --lr 1e-2", "--runs-dir", "runs", "--out", "out"],
+                       cwd=tmp_path,
                        capture_output=True, text=True, timeout=400, env=ENV)
     assert r.returncode != 0 and "different flags" in r.stderr
 
@@ -83,3 +84,50 @@ def test_fidelity_without_a_direction_is_none_and_skipped():
             {"fidelity/cos": 0.0, "fidelity/rel_err": 2e28, "fidelity/grad_norm": 2.0},  # g_on = 0, logged before it
             {"fidelity/cos": 0.0, "fidelity/rel_err": 0.0, "fidelity/grad_norm": 0.0}, {}]  # g_arm = 0; no measure
     assert fidelity_points(rows) == rows[:1]
+
+
+def test_regime_setting_runs_are_the_regime_grids_own():
+    """At a regime setting the protocol's arms are the regime grid's (and round 5's) runs for the same seed, flag for
+    flag; none and r3 differ in --replay only, the oracle in its engine (fp32, no dial)."""
+    from experiments.collapse.protocol import REGIME_COMMON, REGIME_STEPS, regime_run
+    from experiments.regime import confirm, design
+    from experiments.regime.grid import cell_run
+    assert REGIME_COMMON == design.COMMON and REGIME_STEPS == confirm.STEPS
+    from experiments.sweep import flag_dict
+    for setting in ("lv3", "lv3-clip"):
+        for arm in ("none", "r3"):
+            assert regime_run(setting, arm, 11, REGIME_COMMON, "R") == cell_run(f"{setting}/{arm}/n4", 11, "R", 800)[:2]
+        variant = "-clip" if setting.endswith("-clip") else ""
+        assert regime_run(setting, "oracle", 11, REGIME_COMMON, "R") == \
+            cell_run(f"oracle{variant}/none/n4", 11, "R", 800)[:2]
+        none, r3, oracle = (flag_dict(regime_run(setting, a, 11, REGIME_COMMON, "R")[1])
+                            for a in ("none", "r3", "oracle"))
+        assert {k for k in none if none[k] != r3.get(k)} == {"--replay"} and set(none) == set(r3)
+        assert none["--router-levels"] == "3" and "--router-levels" not in oracle
+        assert oracle["--rollout-dtype"] == "fp32" and oracle["--replay"] == "none"
+        assert {k for k in oracle if k in none and oracle[k] != none[k]} == {"--rollout-dtype"}
+        assert (none["--clip-low"] == "0.2") == setting.endswith("-clip") == (oracle["--clip-low"] == "0.2")
+
+
+def test_default_setting_is_the_one_round_5_confirmed():
+    """python -m experiments.collapse runs round 5's confirmed setting by default (the most separating one, by its
+    Holm p) once the confirmation is complete, and the headline setting while it is partial or confirmed nowhere."""
+    from experiments.collapse.protocol import DEFAULT_SETTING
+    c = json.loads(open(os.path.join(ROOT, "results", "regime", "confirm", "confirm.json")).read())["confirmation"]
+    confirmed = sorted((r["p_holm"], r["setting"]) for r in c["rows"] if r["confirmed"]) if c["complete"] else []
+    assert DEFAULT_SETTING == (confirmed[0][1] if confirmed else "headline"), (DEFAULT_SETTING, confirmed)
+
+
+def test_regime_setting_runs_with_its_rule_and_refuses_what_it_fixes(tmp_path):
+    r = collapse(tmp_path, "--setting", "lv3", "--seeds", "0", "--arms", "none", "r3")
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((tmp_path / "out" / "collapse.json").read_text())
+    from experiments.rules import RULE
+    assert data["setting"] == "lv3" and data["rule"] == RULE and sorted(data["runs"]) == ["none-s0", "r3-s0"]
+    assert "setting: lv3; collapse rule (pre-registered): sustained collapse" in r.stdout
+    flags = json.loads((tmp_path / "runs" / "lv3-r3-n4-s0" / "sweep_flags.json").read_text())
+    assert flags[flags.index("--router-levels") + 1] == "3" and flags[flags.index("--mini-steps") + 1] == "4"
+    for extra, says in ((("--phase",), "--phase varies the headline setting"),
+                        (("--rollout-dtype", "bf16"), "--rollout-dtype belongs to --setting headline")):
+        r = collapse(tmp_path, "--setting", "lv3", *extra)
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -7,7 +7,7 @@ from experiments.entry import Check, Entry, WALL
 ENTRIES = (
     Entry("collapse", "results/collapse", ("collapse.json", "collapse.md", "collapse.png", "fidelity.png",
                                            "phase.json", "phase.md", "phase.png"),
-          ("python -m experiments.collapse --phase --out {out}",), wall_s=3983,
+          ("python -m experiments.collapse --setting headline --phase --out {out}",), wall_s=3983,
           frozen="made before the engine's decode kernels changed (docs/speed.md): fp8-router runs at HEAD part "
                  "ways from these by rounding (results/numerics.md: the fp8-router mismatch did not move), so "
                  "HEAD cannot remake them bit for bit; the command still runs",
@@ -16,7 +16,8 @@ ENTRIES = (
           note="15 runs x 400 steps + 10 x 200; the wall time was measured on 2 shared cores (uncontended ~35 min)"),
     Entry("collapse_h1000", "results/collapse/h1000", ("collapse.json", "collapse.md", "collapse.png",
                                                        "fidelity.png"),
-          ("python -m experiments.collapse --seeds 0 1 --steps 1000 --runs-dir {out}/runs --out {out}",),
+          ("python -m experiments.collapse --setting headline --seeds 0 1 --steps 1000 --runs-dir {out}/runs "
+           "--out {out}",),
           wall_s=3000,
           frozen="made before the engine's decode kernels changed (docs/speed.md): fp8-router runs at HEAD part "
                  "ways from these by rounding (results/numerics.md: the fp8-router mismatch did not move), so "

@@ -1,16 +1,23 @@
 """The pre-registered collapse protocol: no replay vs R3 vs an fp32-rollout oracle, same seeds, one flag apart.
 
-  python -m experiments.collapse                       # HEADLINE setting, seeds 0-4, three arms
-  python -m experiments.collapse --phase               # also: collapse rate over lr x rollout precision
+  python -m experiments.collapse                       # the default setting (DEFAULT_SETTING), seeds 0-4
+  python -m experiments.collapse --setting headline --phase   # the original protocol, and lr x rollout precision
+Settings (--setting): `headline`, the protocol's own (experiments.sweep's HEADLINE update, rollout precision D, 400
+steps), or one of the regime study's (`lv3`, `lv3-clip`: experiments/regime/design.py's flags, the engine's router on
+a 3-point grid, 4 mini-steps, 800 steps; the runs are exactly the regime grid's and round 5's for the same seed).
+The default is the setting round 5 confirmed by its pre-registered rule (results/regime/confirm/confirm.json; the
+test suite checks the two agree), `headline` while none is confirmed.
 Arms (ARMS), everything else identical (`--common`, printed and saved):
   none    --replay none --rollout-dtype D      the engine samples at precision D, the trainer routes by itself
   r3      --replay r3   --rollout-dtype D      the same engine; the update replays the engine's routes
   oracle  --replay none --rollout-dtype fp32   no precision mismatch: the control that shows a collapse of `none`
-                                               is the mismatch's doing and not plain RL instability
-The collapse rule (DIP_RULE, experiments/rules.py) was fixed before any run and is printed with every result: a run
-collapses at the first step where its reward EMA (decay 0.9) is >= 0.3 below its running peak (the peak taken after
-the first 5 steps), or its held-out accuracy (eval/accuracy, sampled) is >= 0.3 below its best so far, or its loss or
-grad norm is not finite. It is computed from metrics.jsonl, the same for every arm.
+                                               is the mismatch's doing and not plain RL instability (at a regime
+                                               setting: the fp32 engine without the dial, the regime's `oracle`)
+The collapse rule was fixed before any run and is printed with every result. `headline`: DIP_RULE
+(experiments/rules.py): a run collapses at the first step where its reward EMA (decay 0.9) is >= 0.3 below its
+running peak (the peak taken after the first 5 steps), or its held-out accuracy (eval/accuracy, sampled) is >= 0.3
+below its best so far, or its loss or grad norm is not finite. The regime settings: the sustained rule (RULE), the one
+the regime study and round 5 decide by. It is computed from metrics.jsonl, the same for every arm.
 Writes OUT/collapse.{md,json,png}, OUT/fidelity.png (runs keyed ARM-sSEED, each with collapse_step: null when
 stable) and, with --phase, OUT/phase.{md,json,png}. Runs live in --runs-dir (default OUT/runs); re-running resumes
 a partial sweep (finished runs are skipped, partial ones continue bit-identically), so longer horizons or more seeds
@@ -28,8 +35,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from experiments.common import fmt, write_results
-from experiments.rules import DIP_RULE, DIP_RULE_TEXT, collapse_step
-from experiments.sweep import HEADLINE, run_all, summarize, with_lr
+from experiments.rules import DIP_RULE, DIP_RULE_TEXT, RULE, RULE_TEXT, collapse_step, sustained_collapse
+from experiments.sweep import HEADLINE, run_all, set_flag, summarize, with_lr
 from r3.runs.ema import ema_series
 from r3.runs.io import read_jsonl
 
@@ -37,15 +44,30 @@ ARMS = {"none": ("none", None), "r3": ("r3", None), "oracle": ("none", "fp32")} 
 COLORS = {"none": "tab:red", "r3": "tab:blue", "oracle": "tab:gray"}
 PHASE_LRS = (3e-4, 1e-3)
 PHASE_DTYPES = ("fp8-router", "int4")
+SETTINGS = ("headline", "lv3-clip", "lv3")  # the protocol's own, and round 5's two regime settings
+DEFAULT_SETTING = "headline"  # round 5's confirmed setting (results/regime/confirm/confirm.json); headline: none yet
+# The regime settings, as experiments/regime/design.py fixes them (a study imports no other study's module:
+# tests/test_experiments.py checks that these flags are the regime grid's, run for run).
+REGIME_STEPS = 800  # the regime grid's and round 5's steps (experiments/regime/confirm.py STEPS)
+REGIME_COMMON = HEADLINE.replace("--warmup-steps 80", "--warmup-steps 400 --warmup-until 0.3") + " --eval-trainer"
+REGIME_ENGINE = ("--rollout-dtype", "fp8-router", "--router-levels", "3")  # lv3: the router on a 3-point grid
+ORACLE_ENGINE = ("--rollout-dtype", "fp32")  # the regime's oracle: fp32, no dial
+CLIP = ("--clip-low", "0.2", "--clip-high", "0.28", "--grad-clip", "1.0", "--old-logp", "trainer")  # `-clip`
+RULES = {"headline": (collapse_step, DIP_RULE, DIP_RULE_TEXT), "regime": (sustained_collapse, RULE, RULE_TEXT)}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--setting", choices=SETTINGS, default=DEFAULT_SETTING,
+                   help=f"headline (the protocol's own) or a regime setting (default: {DEFAULT_SETTING})")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="seeds (each arm runs every one)")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS), help="arms to run")
-    p.add_argument("--steps", type=int, default=400, help="RL steps per run")
-    p.add_argument("--rollout-dtype", default="fp8-router", help="rollout precision D of the none and r3 arms")
-    p.add_argument("--common", default=HEADLINE, help="train.py flags shared by every arm")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"RL steps per run (default: 400 at headline, {REGIME_STEPS} at a regime setting)")
+    p.add_argument("--rollout-dtype", default=None,
+                   help="rollout precision D of the none and r3 arms (headline only; default fp8-router)")
+    p.add_argument("--common", default=None, help="train.py flags shared by every arm (default: HEADLINE at headline, "
+                                                  "REGIME_COMMON, the regime design's, at a regime setting)")
     p.add_argument("--runs-dir", default=None, help="where runs live (default OUT/runs; reused, resumed)")
     p.add_argument("--phase", action="store_true", help="also the phase diagram over --phase-lrs x --phase-dtypes")
     p.add_argument("--phase-lrs", type=float, nargs="+", default=list(PHASE_LRS), help="phase: learning rates")
@@ -55,8 +77,40 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     p.add_argument("--out", default="results/collapse", help="output folder")
     args = p.parse_args(argv)
+    regime = args.setting != "headline"
+    if regime and args.rollout_dtype is not None:
+        p.error(f"--rollout-dtype belongs to --setting headline; {args.setting} fixes its engine (fp8-router, "
+                f"--router-levels 3)")
+    if regime and args.phase:
+        p.error(f"--phase varies the headline setting's lr and precision: pass --setting headline "
+                f"(not {args.setting})")
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be >= 1, got {args.steps}")
+    args.rule = "regime" if regime else "headline"
+    args.rollout_dtype = args.rollout_dtype or "fp8-router"
+    args.common = args.common or (REGIME_COMMON if regime else HEADLINE)
+    args.steps = args.steps or (REGIME_STEPS if regime else 400)
     args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
     return args
+
+
+def setting_flags(setting: str, oracle: bool = False) -> list[str]:
+    """The flags a regime setting sets over the common ones: its engine (the oracle's: fp32, no dial), then the
+    clipped update for `-clip`."""
+    return [*(ORACLE_ENGINE if oracle else REGIME_ENGINE), *(CLIP if setting.endswith("-clip") else ())]
+
+
+def regime_run(setting: str, arm: str, seed: int, common: str, runs_dir: str) -> tuple[str, list[str]]:
+    """(run folder, flags) of one arm at a regime setting, named and built as the regime grid names and builds its
+    cells (none and r3 at the setting, the oracle at `oracle` with the setting's variant), 4 mini-steps: with
+    REGIME_COMMON, the very run of the grid and round 5 for that seed."""
+    flags, extra = common.split(), setting_flags(setting, oracle=arm == "oracle")
+    for i in range(0, len(extra), 2):
+        flags = set_flag(flags, extra[i], extra[i + 1])
+    variant = setting.partition("-")[2]
+    name = f"oracle{'-' + variant if variant else ''}-none" if arm == "oracle" else f"{setting}-{arm}"
+    return os.path.join(runs_dir, f"{name}-n4-s{seed}"), \
+        flags + ["--replay", ARMS[arm][0], "--mini-steps", "4", "--seed", str(seed)]
 
 
 def own_lr(common: str, lr: float | None) -> float | None:
@@ -92,10 +146,10 @@ def fidelity_points(rows: list[dict]) -> list[dict]:
             and r.get("fidelity/grad_norm", 1.0) > 0 and r["fidelity/rel_err"] < 1e10]
 
 
-def run_summary(rows: list[dict]) -> dict:
-    """summarize() plus the protocol's collapse step and the fidelity and held-out precursors."""
+def run_summary(rows: list[dict], rule: str = "headline") -> dict:
+    """summarize() plus the collapse step by the setting's rule (RULES) and the fidelity and held-out precursors."""
     m = summarize(rows)
-    m["collapse_step"], m["collapse_reason"] = collapse_step(rows)
+    m["collapse_step"], m["collapse_reason"] = RULES[rule][0](rows)
     fid = fidelity_points(rows)
     mean = lambda k: (lambda v: sum(v) / len(v) if v else None)([r[k] for r in fid if r[k] is not None])  # noqa
     m.update(mean_fidelity_cos=mean("fidelity/cos"), mean_fidelity_rel_err=mean("fidelity/rel_err"),
@@ -216,24 +270,40 @@ def plot_fidelity(rows: dict, title: str, path: str) -> None:
     save_figure(fig, title, path)
 
 
+def regime_sweep(args) -> dict:
+    """{(arm, seed): metrics rows} of a regime setting's runs (run_all resumes and skips finished ones)."""
+    runs = {(arm, s): regime_run(args.setting, arm, s, args.common, args.runs_dir)
+            for arm in args.arms for s in args.seeds}
+    run_all(list(runs.values()), steps=args.steps, jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"))
+    return {k: read_jsonl(os.path.join(out, "metrics.jsonl")) for k, (out, _) in runs.items()}
+
+
 def headline(args, t0: float) -> None:
-    cells = [(arm, s, args.rollout_dtype, None) for arm in args.arms for s in args.seeds]
-    raw = sweep(args, cells, args.steps, args.runs_dir)
-    rows = {(arm, s): raw[arm, s, args.rollout_dtype, None] for arm, s, _, _ in cells}
-    summ = {k: run_summary(v) for k, v in rows.items()}
+    if args.setting == "headline":
+        cells = [(arm, s, args.rollout_dtype, None) for arm in args.arms for s in args.seeds]
+        raw = sweep(args, cells, args.steps, args.runs_dir)
+        rows = {(arm, s): raw[arm, s, args.rollout_dtype, None] for arm, s, _, _ in cells}
+        setting = f"`{args.common} --steps {args.steps}`; D = {args.rollout_dtype}"
+    else:
+        rows = regime_sweep(args)
+        setting = (f"`{args.common} --steps {args.steps}` with the regime setting {args.setting}'s flags "
+                   f"({' '.join(setting_flags(args.setting))}) and 4 "
+                   f"mini-steps; D = {args.rollout_dtype} with --router-levels 3")
+    _, rule, rule_text = RULES[args.rule]
+    summ = {k: run_summary(v, args.rule) for k, v in rows.items()}
     table = headline_table(summ, args.arms) + "\n\n" + paired_table(summ, args.arms)
     print(table)
-    setting = f"`{args.common} --steps {args.steps}`; D = {args.rollout_dtype}"
     plot_runs(rows, f"every arm: {args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, "
                     f"oracle fp32; seeds {args.seeds}", os.path.join(args.out, "collapse.png"))
     plot_fidelity(rows, f"{args.common} --steps {args.steps}; none/r3 rollout {args.rollout_dtype}, oracle fp32",
                   os.path.join(args.out, "fidelity.png"))
     write_results(os.path.join(args.out, "collapse.json"),
-                  dict(rule=DIP_RULE, rule_text=DIP_RULE_TEXT, common=args.common, steps=args.steps,
+                  dict(setting=args.setting, rule=rule, rule_text=rule_text, common=args.common, steps=args.steps,
                        rollout_dtype=args.rollout_dtype, arms={a: ARMS[a] for a in args.arms},
                        runs={f"{a}-s{s}": m for (a, s), m in summ.items()}), t0=t0,
-                  md=f"Collapse rule (fixed before any run): {DIP_RULE_TEXT}.\n\nEvery arm: {setting}; arms differ "
-                     f"only in --replay / --rollout-dtype (oracle: fp32).\n\n{table}")
+                  md=f"Collapse rule (fixed before any run): {rule_text}.\n\nEvery arm: {setting}; arms differ "
+                     f"only in --replay / --rollout-dtype (oracle: fp32{', no dial' * (args.setting != 'headline')})"
+                     f".\n\n{table}")
 
 
 def phase(args, t0: float) -> None:
@@ -298,10 +368,15 @@ def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    print(f"collapse rule (pre-registered): {DIP_RULE_TEXT}")
-    print(f"every arm: train.py {args.common} --steps {args.steps} --seed S, then none: --replay none "
-          f"--rollout-dtype {args.rollout_dtype} | r3: --replay r3 --rollout-dtype {args.rollout_dtype} | "
-          f"oracle: --replay none --rollout-dtype fp32")
+    print(f"setting: {args.setting}; collapse rule (pre-registered): {RULES[args.rule][2]}")
+    if args.setting == "headline":
+        print(f"every arm: train.py {args.common} --steps {args.steps} --seed S, then none: --replay none "
+              f"--rollout-dtype {args.rollout_dtype} | r3: --replay r3 --rollout-dtype {args.rollout_dtype} | "
+              f"oracle: --replay none --rollout-dtype fp32")
+    else:
+        n = regime_run(args.setting, "none", 0, args.common, args.runs_dir)[1]
+        print(f"every arm: train.py {' '.join(n[:-2])} --steps {args.steps} --seed S; r3: --replay r3; oracle: "
+              f"--rollout-dtype fp32 without --router-levels")
     headline(args, t0)
     if args.phase:
         phase(args, t0)
