@@ -208,3 +208,33 @@ def test_the_regime_page_quotes_the_grid_at_each_position():
                 f"{m(r, 'max_drawdown'):.2f} (p {td['p']:.2g}); kl trend {m(n, 'kl_trend'):+.2f} against "
                 f"{m(r, 'kl_trend'):+.2f}.")
         assert f"{head} {line}" in text, (p, k)
+
+
+def test_the_readme_quotes_round_5():
+    """The README's round-5 headline says what the committed results/regime/confirm/confirm.json holds (which CI
+    remakes from the committed records): how far it is, the rule's verdict, each setting's collapse counts with the
+    Fisher and Holm p, and what experiments.collapse's default became."""
+    import json
+
+    from experiments.collapse.protocol import DEFAULT_SETTING
+    c = json.loads((ROOT / "results" / "regime" / "confirm" / "confirm.json").read_text())["confirmation"]
+    text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    status = "complete" if c["complete"] else "partial"
+    assert f"**Round 5 ({status}, {c['runs']} runs on fresh seeds 8-31" in text
+    confirmed = [r["setting"] for r in c["rows"] if r["confirmed"]] if c["complete"] else []
+    if not c["complete"]:
+        verdict = f"not yet decided ({c['runs']} of {c['total']} runs in)"
+    elif len(confirmed) == len(c["rows"]):
+        verdict = "confirmed at both settings"
+    elif confirmed:
+        verdict = f"confirmed at `{confirmed[0]}`, not at `{next(r['setting'] for r in c['rows'] if not r['confirmed'])}`"
+    else:
+        verdict = "not confirmed at either setting"
+    assert f"R3's stability effect is {verdict}.**" in text
+    for r in c["rows"]:
+        assert (f"no replay fell on {r['collapsed_none']} of {r['n_none']} seeds and R3 on {r['collapsed_r3']} of "
+                f"{r['n_r3']} (Fisher p {r['p']:.2g}, Holm {r['p_holm']:.2g};") in text, r["setting"]
+    if DEFAULT_SETTING == "headline":
+        assert "keeps its default setting: **the rule did not confirm R3's effect**" in text or not c["complete"]
+    else:
+        assert f"`python -m experiments.collapse` now runs `{DEFAULT_SETTING}` by default" in text
