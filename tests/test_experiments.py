@@ -93,6 +93,10 @@ def test_regime_setting_runs_are_the_regime_grids_own():
     from experiments.regime import confirm, design
     from experiments.regime.grid import cell_run
     assert REGIME_COMMON == design.COMMON and REGIME_STEPS == confirm.STEPS
+    from experiments.collapse.protocol import parse_args
+    a, h = parse_args(["--setting", "lv3-clip"]), parse_args(["--setting", "headline"])
+    assert (a.out, a.steps, a.common) == (os.path.join("results", "collapse", "lv3-clip"), 800, design.COMMON)
+    assert (h.out, h.steps, h.rollout_dtype) == (os.path.join("results", "collapse"), 400, "fp8-router")  # its own
     from experiments.sweep import flag_dict
     for setting in ("lv3", "lv3-clip"):
         for arm in ("none", "r3"):

@@ -75,7 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--phase-seeds", type=int, nargs="+", default=[0], help="phase: seeds per cell")
     p.add_argument("--phase-steps", type=int, default=200, help="phase: RL steps per run")
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
-    p.add_argument("--out", default="results/collapse", help="output folder")
+    p.add_argument("--out", default=None, help="output folder (default results/collapse at headline, "
+                                               "results/collapse/SETTING at a regime setting)")
     args = p.parse_args(argv)
     regime = args.setting != "headline"
     if regime and args.rollout_dtype is not None:
@@ -90,6 +91,7 @@ def parse_args(argv=None):
     args.rollout_dtype = args.rollout_dtype or "fp8-router"
     args.common = args.common or (REGIME_COMMON if regime else HEADLINE)
     args.steps = args.steps or (REGIME_STEPS if regime else 400)
+    args.out = args.out or os.path.join("results", "collapse", *([args.setting] if regime else []))
     args.runs_dir = args.runs_dir or os.path.join(args.out, "runs")
     return args
 
