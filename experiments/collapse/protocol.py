@@ -288,9 +288,8 @@ def headline(args, t0: float) -> None:
         setting = f"`{args.common} --steps {args.steps}`; D = {args.rollout_dtype}"
     else:
         rows = regime_sweep(args)
-        setting = (f"`{args.common} --steps {args.steps}` with the regime setting {args.setting}'s flags "
-                   f"({' '.join(setting_flags(args.setting))}) and 4 "
-                   f"mini-steps; D = {args.rollout_dtype} with --router-levels 3")
+        setting = (f"`{args.common} --steps {args.steps}` with {args.setting}'s flags "
+                   f"(`{' '.join(setting_flags(args.setting))} --mini-steps 4`)")
     _, rule, rule_text = RULES[args.rule]
     summ = {k: run_summary(v, args.rule) for k, v in rows.items()}
     table = headline_table(summ, args.arms) + "\n\n" + paired_table(summ, args.arms)
