@@ -227,7 +227,8 @@ def test_the_readme_quotes_round_5():
     elif len(confirmed) == len(c["rows"]):
         verdict = "confirmed at both settings"
     elif confirmed:
-        verdict = f"confirmed at `{confirmed[0]}`, not at `{next(r['setting'] for r in c['rows'] if not r['confirmed'])}`"
+        other = next(r["setting"] for r in c["rows"] if not r["confirmed"])
+        verdict = f"confirmed at `{confirmed[0]}`, not at `{other}`"
     else:
         verdict = "not confirmed at either setting"
     assert f"R3's stability effect is {verdict}.**" in text

@@ -26,8 +26,7 @@ KINDS_TEXT = (
     "confirmed when it separates with fewer falls, refuted when it separates with more; otherwise not decided. 'Fewer, "
     "but not none' (icepop): as 'fewer', and also refuted when it separates with no fall at all. 'Holds' (r3, r3-tis, "
     "gspo-r3: 'no falls, or far fewer'): confirmed when the arm never falls or separates with fewer falls; refuted "
-    "when "
-    "it separates with more, or falls at least once and at least as often as no replay (then neither half of the "
+    "when it separates with more, or falls at least once and at least as often as no replay (then neither half of the "
     "prediction is true of the runs); otherwise not decided. Every verdict is pending until all 144 runs are in")
 KINDS = {"tis": "as-none", "icepop": "fewer-not-none", "mis": "as-none", "r2": "not-better", "r3": "holds",
          "r3-tis": "holds", "gspo": "fewer", "gspo-r3": "holds"}
@@ -78,10 +77,11 @@ def compare(cmp: dict, confirmation: dict) -> dict:
             v = dict(verdict=verdict, why=why)
         if arm in NOT_TESTED:
             t = area_a.get(arm)
-            gspo = cmp["arms"]["gspo"]["heldout_area"]
-            desc = (f"held-out area against no replay {t['effect']:+.3f}" if arm == "gspo" and t else
-                    f"mean held-out area gspo-r3 {fmt(x['heldout_area'])}, gspo {fmt(gspo)}"
-                    if arm == "gspo-r3" else "")
+            if arm == "gspo-r3":
+                desc = (f"mean held-out area gspo-r3 {fmt(x['heldout_area'])}, "
+                        f"gspo {fmt(cmp['arms']['gspo']['heldout_area'])}")
+            else:
+                desc = f"held-out area against no replay {t['effect']:+.3f}" if arm == "gspo" and t else ""
             v["not_tested"] = f"{NOT_TESTED[arm]} ({desc or 'no runs yet'})"
         out[arm] = v
     out["confirmation"] = _confirmation(confirmation)
