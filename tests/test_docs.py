@@ -129,15 +129,38 @@ def test_the_readme_quotes_the_measured_quickstart():
     assert (f"reads {held[0]} at step 50, {held[1]} at 100, {held[2]} at 150 and {held[3]} at the end") in text
 
 
-def test_the_readme_quotes_the_regime_grid():
-    """The README's regime headline says what the committed results/regime/grid.json holds (which CI remakes from the
-    committed records): how far the grid is, every collapse count it quotes, the test at the strongest position and
-    the kl trends' ranges; 'only at the strongest position' only while no weaker position fell."""
+def test_the_readme_quotes_the_exploration():
+    """The README's sentence on the exploration before round 5 says what the committed results/regime/grid.json holds:
+    its run count, no replay's falls at the strongest position under both updates, R3's over all its runs, and the
+    strongest position's test."""
     import json
 
     from experiments.regime import design
     g = json.loads((ROOT / "results" / "regime" / "grid.json").read_text())
     text = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    cells, top = g["cells"], design.STRONGEST
+    done = sum(n for n, _ in g["progress"].values())
+    r3 = [c for c in cells if c.split("/")[1] == "r3"]
+    r3_falls, r3_n = (sum(cells[c][k] for c in r3) for k in ("collapsed", "n"))
+    none, clip = cells[f"{top}/none/n4"], cells[f"{top}-clip/none/n4"]
+    row = next(r for r in g["answer"]["positions"] if r["position"] == top)
+    assert f"moved the toy along the dial ({done} runs of {g['steps']} steps)" in text
+    assert (f"without replay RL fell on {none['collapsed']} of {none['n']} seeds at `{top}` and on "
+            f"{clip['collapsed']} of {clip['n']} at `{top}-clip`") in text
+    assert f"with R3 on {'none' if r3_falls == 0 else r3_falls} of {r3_n} runs anywhere" in text
+    assert f"(Fisher p {row['p']:.2g} at `{top}`, Holm {row['p_holm']:.2g})" in text
+
+
+def test_the_regime_page_summarises_the_grid():
+    """docs/regime.md's summary of the exploration (the README's headline before round 5) says what the committed
+    results/regime/grid.json holds (which CI remakes from the committed records): how far the grid is, every collapse
+    count it quotes, the test at the strongest position and the kl trends' ranges; 'only at the strongest position'
+    only while no weaker position fell."""
+    import json
+
+    from experiments.regime import design
+    g = json.loads((ROOT / "results" / "regime" / "grid.json").read_text())
+    text = " ".join((ROOT / "docs" / "regime.md").read_text(encoding="utf-8").split())
     cells, top, weak = g["cells"], design.STRONGEST, [p for p in design.POSITIONS if p != design.STRONGEST]
     count = lambda n: "none" if n == 0 else str(n)  # noqa: E731
     done, total = sum(n for n, _ in g["progress"].values()), sum(m for _, m in g["progress"].values())
