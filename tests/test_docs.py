@@ -236,7 +236,7 @@ def test_the_regime_page_quotes_the_grid_at_each_position():
 def test_the_readme_quotes_round_5():
     """The README's round-5 headline says what the committed results/regime/confirm/confirm.json holds (which CI
     remakes from the committed records): how far it is, the rule's verdict, each setting's collapse counts with the
-    Fisher and Holm p, and what experiments.collapse's default became."""
+    Fisher and Holm p, what experiments.collapse's default became, and while the comparison runs, how far it is."""
     import json
 
     from experiments.collapse.protocol import DEFAULT_SETTING
@@ -258,6 +258,9 @@ def test_the_readme_quotes_round_5():
     for r in c["rows"]:
         assert (f"no replay fell on {r['collapsed_none']} of {r['n_none']} seeds and R3 on {r['collapsed_r3']} of "
                 f"{r['n_r3']} (Fisher p {r['p']:.2g}, Holm {r['p_holm']:.2g};") in text, r["setting"]
+    cmp = json.loads((ROOT / "results" / "regime" / "confirm" / "confirm.json").read_text())["comparison"]
+    if not cmp["complete"]:
+        assert f"is running: {cmp['runs']} of {cmp['total']} runs, its verdicts pending" in text
     if DEFAULT_SETTING == "headline":
         assert "keeps its default setting: **the rule did not confirm R3's effect**" in text or not c["complete"]
     else:
