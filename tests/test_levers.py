@@ -259,9 +259,10 @@ def test_the_command_line_keeps_the_seeds_apart():
     assert a.seeds == list(design.SEEDS) and a.out == os.path.join("results", "regime", "levers")
     assert parse_args(["--levers", "--grid"]).seeds is None
     assert parse_args(["--levers", "--report", "--measured", "M"]).measured == "M"
+    assert parse_args(["--levers", "--grid", "--report", "--measured", "M"]).measured == "M"
     for argv in (["--levers", "--grid", "--seeds", "3"], ["--levers", "--seeds", "32"], ["--levers", "--confirm"],
                  ["--levers", "--measured", "M"], ["--report", "--measured", "M"],
-                 ["--levers", "--grid", "--report", "--measured", "M"]):
+                 ["--levers", "--grid", "--measured", "M"]):
         with pytest.raises(SystemExit):
             parse_args(argv)
 
@@ -301,3 +302,19 @@ def test_rows_are_measured_row_by_row_so_a_stopped_command_keeps_every_finished_
         if i:
             assert first_run > max(j for j, e in enumerate(log) if e[0] == "measure" and e[1] != "start"
                                    and e[2] == rows[i - 1])
+
+
+def test_the_grid_report_reads_the_rules_from_measured_rows_and_writes_elsewhere(tmp_path):
+    """`--levers --grid --report --measured DIR --out ELSEWHERE`: K* and the int4 preset come from DIR's committed
+    rows (8 and qwen3-ratio), the grid's tables are written to ELSEWHERE (what a reproduce check needs); without the
+    rows' measurements the report is refused in one line, exit 1, naming the command that makes them."""
+    from experiments.regime.__main__ import main
+    out, records = tmp_path / "out", tmp_path / "records"
+    data = main(["--levers", "--grid", "--report", "--measured", os.path.join(ROOT, "results", "regime", "levers"),
+                 "--records", str(records), "--out", str(out)])
+    assert (data["k_star"], data["int4_preset"], data["runs"], data["planned"], data["complete"]) == \
+        (8, "qwen3-ratio", 0, 80, False)
+    assert "**partial: 0 of 80 planned runs finished**" in (out / "grid.md").read_text()
+    r = subprocess.run([sys.executable, "-m", "experiments.regime", "--levers", "--grid", "--report", "--records",
+                        str(records), "--out", str(tmp_path / "bare")], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "python -m experiments.regime --levers" in r.stderr

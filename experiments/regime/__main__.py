@@ -56,8 +56,9 @@ def parse_args(argv=None):
                    help="only the start-of-RL measurements of --seeds into OUT/measure (what the quick check remakes)")
     p.add_argument("--records", default=None, help="--grid/--report: run records (default OUT/records; with --look "
                    "the confirmation's, results/regime/confirm/records)")
-    p.add_argument("--measured", default=None, help="--levers --report: the folder whose measure/ holds the rows' "
-                   "measurements (default OUT), so their tables can be written elsewhere")
+    p.add_argument("--measured", default=None, help="--levers --report (with or without --grid): the folder whose "
+                   "measure/ holds the rows' measurements (default OUT), so the rows' tables, or the grid's (whose K* "
+                   "and int4 preset the rows decide), can be written elsewhere")
     p.add_argument("--calibration", default=None, help="--grid/--report: regime.json (default OUT/regime.json)")
     args = p.parse_args(argv)
     if args.jobs < 1:
@@ -68,8 +69,9 @@ def parse_args(argv=None):
         p.error("--steps and --setting belong to --look")
     if sum((args.confirm, args.compare, args.levers)) > 1:
         p.error("--confirm, --compare and --levers run one part each: pass one of them")
-    if args.measured is not None and not (args.levers and args.report and not args.grid):
-        p.error("--measured is for --levers --report (the rows' tables from measurements in another folder)")
+    if args.measured is not None and not (args.levers and args.report):
+        p.error("--measured is for --levers --report (the rows' or the grid's tables from measurements in another "
+                "folder)")
     if args.levers:
         return levers_args(p, args)
     if args.confirm or args.compare:

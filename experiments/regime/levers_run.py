@@ -180,7 +180,7 @@ def main(args, t0: float) -> dict:
         data = levers_report.rows_data(args.out, args.seeds, measured=args.measured)
         levers_report.write_rows(args.out, data, t0)
         return data
-    rows = levers_report.rows_data(args.out, design.SEEDS)
+    rows = levers_report.rows_data(args.out, design.SEEDS, measured=args.measured)
     wanted = lambda runs: [r for r in runs if args.seeds is None or r[1] in args.seeds]  # noqa: E731
     full = plan(rows, args.runs_dir, levers.GRID_SEEDS)
     if not args.report:
