@@ -55,7 +55,9 @@ ENTRIES = (
                "a run with two runs on the two otherwise idle cores (seeds 20-21), about 20 beside other work; some "
                "30 core-hours in all)"),
     Entry("levers_rows", "results/regime/levers", ("rows.json", "rows.md", "rows.png", "measure/*.json",
-                                                   "records/*.jsonl.gz"),
+                                                   # the rows' runs (seeds 0-7), not the grid's (-clip-, seeds 32-47)
+                                                   "records/lag?-none-n4-s?.jsonl.gz",
+                                                   "records/*-[fi]*4-none-n4-s?.jsonl.gz"),
           ("python -m experiments.regime --levers --jobs 2",), wall_s=12000,
           check_commands=("python -m experiments.regime --levers --report --measured results/regime/levers "
                           "--out {out}",), check_wall_s=10, quick=True,
