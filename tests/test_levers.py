@@ -306,15 +306,31 @@ def test_rows_are_measured_row_by_row_so_a_stopped_command_keeps_every_finished_
 
 def test_the_grid_report_reads_the_rules_from_measured_rows_and_writes_elsewhere(tmp_path):
     """`--levers --grid --report --measured DIR --out ELSEWHERE`: K* and the int4 preset come from DIR's committed
-    rows (8 and qwen3-ratio), the grid's tables are written to ELSEWHERE (what a reproduce check needs); without the
-    rows' measurements the report is refused in one line, exit 1, naming the command that makes them."""
+    rows (8 and qwen3-ratio), the grid's tables and figure are written to ELSEWHERE (what a reproduce check needs)
+    from the records there are (one, a round-5 record relabelled as lag1-clip/none/n4 seed 32: its flags are the
+    grid run's); without the rows' measurements the report is refused in one line, exit 1, naming the command that
+    makes them."""
+    import gzip
+
     from experiments.regime.__main__ import main
+    from experiments.sweep import read_record, record_path
     out, records = tmp_path / "out", tmp_path / "records"
-    data = main(["--levers", "--grid", "--report", "--measured", os.path.join(ROOT, "results", "regime", "levers"),
-                 "--records", str(records), "--out", str(out)])
+    measured = os.path.join(ROOT, "results", "regime", "levers")
+    argv = ["--levers", "--grid", "--report", "--measured", measured, "--records", str(records), "--out", str(out)]
+    data = main(argv)
     assert (data["k_star"], data["int4_preset"], data["runs"], data["planned"], data["complete"]) == \
         (8, "qwen3-ratio", 0, 80, False)
     assert "**partial: 0 of 80 planned runs finished**" in (out / "grid.md").read_text()
+    head, rows = read_record(os.path.join(ROOT, "results", "regime", "confirm", "records",
+                                          "lv3-clip-none-n4-s8.jsonl.gz"))
+    run_dir, flags, _ = grid_run("lag1-clip/none/n4", 32, str(out / "runs"))  # the default --runs-dir
+    records.mkdir()
+    with gzip.open(record_path(run_dir, str(records)), "wt") as f:
+        f.write("\n".join(json.dumps(x) for x in [dict(head, flags=[*flags, "--steps", "800"]), *rows]) + "\n")
+    data = main(argv)
+    assert data["runs"] == 1 and list(data["cells"]) == ["lag1-clip/none/n4"] and (out / "grid.png").stat().st_size
+    assert "**partial: 1 of 80 planned runs finished**" in (out / "grid.md").read_text()
+    assert "](grid.png)" in (out / "grid.md").read_text()
     r = subprocess.run([sys.executable, "-m", "experiments.regime", "--levers", "--grid", "--report", "--records",
                         str(records), "--out", str(tmp_path / "bare")], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "python -m experiments.regime --levers" in r.stderr

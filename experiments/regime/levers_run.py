@@ -115,19 +115,24 @@ def extended(cells: dict, seeds=levers.GRID_SEEDS, planned_cells: list[str] | No
     return out
 
 
-def collect(runs: list[tuple], records: str) -> dict:
-    """{cell: cell_entry} of the finished runs among `runs`."""
+def collect(runs: list[tuple], records: str, curves: dict | None = None) -> dict:
+    """{cell: cell_entry} of the finished runs among `runs`; with `curves`, each run's held-out accuracy is put there
+    too ({cell: {seed: [(step, accuracy)]}}, for the figure)."""
     done = {}
     for c, s, out, flags, steps in runs:
         if (rec := finished(out, flags, steps, records)) is not None:
             done.setdefault(c, {})[s] = run_row(rec[0].get("commit"), rec[1])
+            if curves is not None:
+                curves.setdefault(c, {})[s] = [(r["step"], r["eval/accuracy"]) for r in rec[1]
+                                               if r.get("eval/accuracy") is not None]
     return {c: cell_entry(runs) for c, runs in done.items()}
 
 
-def write_grid(out: str, cells: dict, rows: dict, t0: float) -> dict:
+def write_grid(out: str, cells: dict, rows: dict, t0: float, curves: dict | None = None) -> dict:
     """OUT/grid.{json,md}: per cell its collapse count (Wilson 95 %) and means, the tests, and each prediction's
     clauses with their verdicts (verdicts.levers_grid); marked partial until every planned run has finished (the
-    first look's 8 seeds of every cell, and seeds 40-47 of the settings the extension rule picks from those)."""
+    first look's 8 seeds of every cell, and seeds 40-47 of the settings the extension rule picks from those). With
+    `curves` (collect's), also OUT/grid.png (plots.levers_grid_figure), which grid.md shows."""
     ts = grid_tests(cells)
     k_star, preset = rows["k_star"], rows["int4_preset"]
     planned_cells = levers.grid_cells(k_star, preset)
@@ -162,6 +167,7 @@ def write_grid(out: str, cells: dict, rows: dict, t0: float) -> dict:
         f"# The levers' grid (pre-registered in experiments/regime/levers.py; {status})",
         f"K* = {k_star}; int4 on {preset} ({rows['int4_why']}). Update: {levers.UPDATE_TEXT}.",
         f"Settings extended to seeds 40-47: {', '.join(ext) or 'none'} ({levers.EXTEND_TEXT}).",
+        *(["![the levers' grid: collapse rates and held-out accuracy](grid.png)"] if curves is not None else []),
         "\n".join(lines), f"## Tests\n\n{levers.TESTS_TEXT}.", "\n".join(tl),
         f"## Predictions (written before the runs) and their verdicts\n\nRules (experiments/regime/verdicts.py, "
         f"fixed before the grid's first run): {verdicts.LEVERS_TEXT}.", "\n".join(pl)])
@@ -169,6 +175,9 @@ def write_grid(out: str, cells: dict, rows: dict, t0: float) -> dict:
                 runs=n_done, planned=len(planned), predictions=levers.GRID_PREDICTIONS, verdicts=verdict,
                 verdict_rules=verdicts.LEVERS_TEXT)
     write_results(os.path.join(out, "grid.json"), data, md=text, t0=t0)
+    if curves is not None:
+        from experiments.regime import plots
+        plots.levers_grid_figure(data, curves, os.path.join(out, "grid.png"))
     return data
 
 
@@ -191,4 +200,5 @@ def main(args, t0: float) -> dict:
     if wanted(extra) and not args.report:
         run_all([r[2:] for r in wanted(extra)], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
                 records=args.records)
-    return write_grid(args.out, collect(full + extra, args.records), rows, t0)
+    curves = {}
+    return write_grid(args.out, collect(full + extra, args.records, curves), rows, t0, curves)

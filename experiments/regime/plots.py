@@ -1,7 +1,7 @@
 """The regime grid's figures: every run's held-out curve per cell (grid.png), every run's train-inference kl over
 training per cell (kl.png), the dose-response with survival curves (dose.png), round 5's collapse rates and held-out
-curves (confirm.png), the look's runs over the committed ones (look.png), and where the levers put the toy
-(levers/rows.png)."""
+curves (confirm.png), the look's runs over the committed ones (look.png), where the levers put the toy
+(levers/rows.png), and the levers' grid (levers/grid.png)."""
 import statistics
 
 import matplotlib
@@ -126,6 +126,17 @@ def dose_figure(data: dict, cal: dict, path: str) -> None:
     plt.close(fig)
 
 
+def _median_band(ax, runs: dict, colour: str, label: str) -> None:
+    """The median over `runs` ({seed: [(step, value)]}, at least one) at each step (thick), and the band between the
+    quartiles where there are two runs or more."""
+    steps = sorted({s for pts in runs.values() for s, _ in pts})
+    at = [[a for pts in runs.values() for s, a in pts if s == st] for st in steps]
+    if len(runs) >= 2:
+        q = [statistics.quantiles(v, n=4, method="inclusive") if len(v) >= 2 else [v[0]] * 3 for v in at]
+        ax.fill_between(steps, [x[0] for x in q], [x[2] for x in q], color=colour, alpha=0.15)
+    ax.plot(steps, [statistics.median(v) for v in at], color=colour, lw=2.2, label=label)
+
+
 def confirm_figure(data: dict, curves: dict, path: str) -> None:
     """Round 5 in one look. Left: the share of runs that collapsed (sustained rule) per method with its Wilson 95 %
     interval, no replay and R3 first. Then one panel per confirmation setting: every run's held-out accuracy (thin),
@@ -161,14 +172,9 @@ def confirm_figure(data: dict, curves: dict, path: str) -> None:
             runs = curves.get(f"{setting}/{arm}/n4", {})
             for pts in runs.values():
                 ax.plot(*zip(*pts), color=ARM_COLORS[arm], lw=0.4, alpha=0.35)
-            steps = sorted({s for pts in runs.values() for s, _ in pts})
-            at = [[a for pts in runs.values() for s, a in pts if s == st] for st in steps]
-            if len(runs) >= 2:
-                q = [statistics.quantiles(v, n=4, method="inclusive") if len(v) >= 2 else [v[0]] * 3 for v in at]
-                ax.fill_between(steps, [x[0] for x in q], [x[2] for x in q], color=ARM_COLORS[arm], alpha=0.15)
             if runs:
-                ax.plot(steps, [statistics.median(v) for v in at], color=ARM_COLORS[arm], lw=2.2,
-                        label=f"{'no replay' if arm == 'none' else 'R3'} (median of {len(runs)}; band: quartiles)")
+                _median_band(ax, runs, ARM_COLORS[arm],
+                             f"{'no replay' if arm == 'none' else 'R3'} (median of {len(runs)}; band: quartiles)")
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("step")
         ax.set_ylabel("held-out accuracy (sampled by the engine)")
@@ -280,6 +286,49 @@ def levers_figure(data: dict, path: str) -> None:
     bx.axvline(1.0, color="black", lw=0.5)
     bx.set_xlabel("kl left with R3 (kl with R3 / kl without)")
     bx.set_title("what R3 removes: a short bar is a large cut", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+LEVER_ARM_COLORS = {"none": "tab:red", "r3": "tab:blue", "tis": "tab:orange", "r3-tis": "tab:purple"}
+
+
+
+
+def levers_grid_figure(data: dict, curves: dict, path: str) -> None:
+    """The levers' grid (levers_run.write_grid's data) in one look. Left: the share of runs that collapsed (sustained
+    rule) per cell with its Wilson 95 % interval, grouped by setting. Then one panel per setting: each arm's held-out
+    accuracy, the median over seeds at each evaluation and the band between the quartiles (curves: {cell: {seed:
+    [(step, accuracy)]}})."""
+    from experiments.stats import wilson
+    settings = list(dict.fromkeys(c.split("/")[0] for c in data["cells"]))
+    fig, axes = plt.subplots(1, 1 + max(1, len(settings)), figsize=(6 + 4.5 * max(1, len(settings)), 5),
+                             gridspec_kw=dict(width_ratios=[1.3] + [1] * max(1, len(settings))))
+    ax, labels = axes[0], []
+    for i, (c, e) in enumerate(data["cells"].items()):
+        lo, hi = wilson(e["collapsed"], e["n"])
+        rate = e["collapsed"] / e["n"] if e["n"] else 0.0
+        ax.errorbar(rate, i, xerr=[[max(0.0, rate - lo)], [max(0.0, hi - rate)]], fmt="o", capsize=3,
+                    color=LEVER_ARM_COLORS.get(c.split("/")[1], "0.4"))
+        labels.append(f"{c} ({e['collapsed']} of {e['n']})")
+    ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("share of runs that collapsed (95 % Wilson interval)")
+    status = "" if data["complete"] else f" (partial: {data['runs']} of {data['planned']} runs)"
+    ax.set_title(f"collapse rate per cell{status}", fontsize=9)
+    for ax, setting in zip(axes[1:], settings):
+        for c in (c for c in data["cells"] if c.split("/")[0] == setting):
+            arm = c.split("/")[1]
+            if curves.get(c):
+                _median_band(ax, curves[c], LEVER_ARM_COLORS.get(arm, "0.4"), f"{arm} (median of {len(curves[c])})")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("step")
+        ax.set_ylabel("held-out accuracy (sampled by the engine)")
+        ax.set_title(f"{setting}: band between the quartiles", fontsize=9)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
