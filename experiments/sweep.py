@@ -101,16 +101,18 @@ def record_path(out: str, records: str) -> str:
 
 
 def write_record(out: str, records: str) -> str:
-    """The record of the finished run folder `out` (its sweep_flags.json, done.json, commit and metrics), written
-    atomically; gzip without a time stamp, so the same run makes the same bytes."""
+    """The record of the finished run folder `out` (its sweep_flags.json, done.json, commit, the kind of CPU it ran
+    on, and metrics), written atomically; gzip without a time stamp, so the same run makes the same bytes. The CPU
+    matters: a run's numbers are bit-reproducible only on the kind it was made on (docs/reproduce.md)."""
     def load(name):
         with open(os.path.join(out, name)) as f:
             return json.load(f)
     prov = load("provenance.json") if os.path.exists(os.path.join(out, "provenance.json")) else {}
     head = dict(record=RECORD_VERSION, name=os.path.basename(out.rstrip(os.sep)), flags=load("sweep_flags.json"),
-                done=load("done.json"), commit=prov.get("commit"))
-    if prov.get("segments"):  # resumed: the commits the earlier processes ran, oldest first
+                done=load("done.json"), commit=prov.get("commit"), cpu=prov.get("cpu"))
+    if prov.get("segments"):  # resumed: the commits (and CPUs) the earlier processes ran, oldest first
         head["earlier_commits"] = [seg.get("commit") for seg in prov["segments"]]
+        head["earlier_cpus"] = [seg.get("cpu") for seg in prov["segments"]]
     rows = [_round({k: v for k, v in r.items() if k not in RECORD_DROP})
             for r in read_jsonl(os.path.join(out, "metrics.jsonl"))]
     text = "\n".join(json.dumps(x) for x in [head, *rows]) + "\n"

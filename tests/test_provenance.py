@@ -96,7 +96,8 @@ def test_a_run_keeps_the_commit_it_started_at_and_lists_earlier_processes(tmp_pa
     code = git_state(str(tmp_path))  # the second process (a resume) starts at c2
     assert code["commit"] != start["commit"]
     segments = earlier_segments(run)
-    assert segments == [dict(commit=start["commit"], dirty=False, started=start["finished"], finished=None)]
+    assert segments == [dict(commit=start["commit"], dirty=False, started=start["finished"], finished=None,
+                             cpu=start["cpu"])] and start["cpu"]
     second = stamp(run, ["train.py"], repo=str(tmp_path), git=code, segments=segments)
     (tmp_path / "f.py").write_text("x = 3\n")
     git(tmp_path, "commit", "-qam", "c3")  # the checkout moves on mid-run

@@ -412,9 +412,11 @@ def test_run_records(tmp_path):
         W.finished(str(tmp_path / "runs" / "a-s0"), flags, 3, records)
     fake_run(tmp_path / "runs" / "b-s0", flags, rows)  # resumed at another commit: the record says both
     (tmp_path / "runs" / "b-s0" / "provenance.json").write_text(json.dumps(dict(
-        commit="def456", segments=[dict(commit="abc123", dirty=False, started="t0", finished=None)])))
+        commit="def456", cpu="AMD EPYC [avx2]", segments=[dict(commit="abc123", dirty=False, started="t0",
+                                                               finished=None, cpu="Intel(R) Xeon(R) [amx_bf16]")])))
     head = W.read_record(W.write_record(str(tmp_path / "runs" / "b-s0"), records))[0]
     assert head["commit"] == "def456" and head["earlier_commits"] == ["abc123"]
+    assert head["cpu"] == "AMD EPYC [avx2]" and head["earlier_cpus"] == ["Intel(R) Xeon(R) [amx_bf16]"]  # both kinds
 
 
 def test_a_failed_run_raises_with_the_end_of_its_log(tmp_path):

@@ -9,7 +9,8 @@
 The commit is that of the checkout holding this package (not of the current directory); outside a git checkout, or
 without git, `commit` and `dirty` are None. A long run reads it once, at its start (`git=`): the code a process runs
 is what it imported then, whatever the checkout holds by its end. A resumed run also lists its earlier processes
-under `segments` (commit, dirty, started, finished), so a run continued at another commit says so.
+under `segments` (commit, dirty, started, finished, cpu), so a run continued at another commit, or on another kind
+of CPU, says so.
 `dirty` counts changed tracked files and untracked (not ignored) `.py` files, code that may have run. It never counts
 what commands write: anything under the output folders `results/` and `runs/` (no code lives there), nor the paths
 passed as `outputs`. So a command that writes several results files (a table, then a second table beside it) stamps
@@ -118,7 +119,8 @@ def stamp(run_dir: str, argv: list[str] | None = None, t0: float | None = None, 
 
 def earlier_segments(run_dir: str) -> list[dict]:
     """The processes that ran RUN before this one, from its provenance.json (none if it has none or cannot be
-    read): each one's commit, dirty flag, start and finish (None when it was killed before its end stamp)."""
+    read): each one's commit, dirty flag, start and finish (None when it was killed before its end stamp), and the
+    kind of CPU it ran on (a run resumed on another machine changes its numerics there: docs/reproduce.md)."""
     try:
         with open(os.path.join(run_dir, "provenance.json")) as f:
             prev = json.load(f)
@@ -129,7 +131,7 @@ def earlier_segments(run_dir: str) -> list[dict]:
     ended = prev.get("wall_s") is not None  # an end stamp; a start stamp's one time is when it was written
     return [*prev.get("segments", []), dict(commit=prev.get("commit"), dirty=prev.get("dirty"),
                                             started=prev.get("started") if ended else prev.get("finished"),
-                                            finished=prev.get("finished") if ended else None)]
+                                            finished=prev.get("finished") if ended else None, cpu=prev.get("cpu"))]
 
 
 def markdown_line(prov: dict) -> str:
