@@ -6,10 +6,13 @@
                               reported beside it, each with its 95 % interval; the pooled 32 seeds as secondary
   comparison(done)            per arm its numbers; every arm against none (family A) and against r3 (family B)
                               (each prediction's verdict: verdicts.compare, by rules fixed before the arms' runs)
+  made_on_seeds(done, path)   per cell, the seeds each kind of CPU made (the record's header, else
+                              made_on.json: experiments/made_on.py); description, beside HARDWARE_TEXT
   write(...)                  OUT/confirm.{json,md} and OUT/confirm.png
 Everything is a function of the committed records (results/regime/confirm/records, and for the pooled numbers the
 regime grid's results/regime/records of seeds 0-7, whose runs had the same flags).
 """
+import json
 import os
 import statistics
 import subprocess
@@ -21,6 +24,13 @@ from experiments.stats import fisher_exact, holm, newcombe, wilson
 from experiments.sweep import finished
 
 GRID_RECORDS = os.path.join("results", "regime", "records")  # the exploration's records (seeds 0-7)
+HARDWARE_TEXT = (
+    "description, not a test (added 2026-12-07, after 124 of round 5's 208 runs, when the machine changed kind; it "
+    "changes no rule). This project's machine alternates between kinds of CPU, and a run's numbers depend on the "
+    "kind, its warm-up's too (remade on each machine), so runs of one seed made on different kinds do not start from "
+    "bit-identical checkpoints. Round 5's design does not fix the kind and its tests are unchanged; a difference of "
+    "the collapse rate between kinds would show as a difference between the arms made on each. Where a record does "
+    "not name its CPU, made_on.json says where it was read (experiments/made_on.py)")
 
 
 def design_commit(design_file: str = "confirm.py") -> str | None:
@@ -192,6 +202,12 @@ def report_md(data: dict) -> str:
               f"{verdicts.KINDS_TEXT}. The confirmation's: {verdicts.CONFIRMATION_TEXT}.",
               f"- confirmation: {confirm.CONFIRM_PREDICTION}. {_verdict_text(data['verdicts']['confirmation'])}"]
     parts.append("\n".join(f"- {a}: {p}. {_verdict_text(data['verdicts'][a])}" for a, p in confirm.PREDICTIONS.items()))
+    if data.get("made_on"):
+        parts += ["## The kinds of CPU that made the runs", f"{data['hardware_text'][0].upper()}"
+                  f"{data['hardware_text'][1:]}.",
+                  "\n".join(f"- {c}: " + "; ".join(f"seed{'s' if len(s) > 1 else ''} {_seeds_text(s)} on {cpu}"
+                                                    for cpu, s in kinds.items())
+                            for c, kinds in data["made_on"].items())]
     return "\n\n".join(parts)
 
 
@@ -199,7 +215,34 @@ def _verdict_text(v: dict) -> str:
     return f"**{v['verdict']}** ({v['why']})" + (f"; not tested: {v['not_tested']}" if v.get("not_tested") else "")
 
 
-def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, records: str = GRID_RECORDS) -> dict:
+def made_on_seeds(done: dict, path: str | None) -> dict:
+    """{cell: {cpu: [seeds]}} of the finished runs in `done` ({cell: {seed: (header, rows)}}): each run's CPU from
+    its record's header, else from the made_on.json at `path`, else 'unknown'."""
+    table = {}
+    if path and os.path.exists(path):
+        with open(path) as f:
+            table = json.load(f)["records"]
+    out = {}
+    for c, runs in done.items():
+        for s, (head, _) in sorted(runs.items()):
+            cpu = head.get("cpu") or table.get(head.get("name"), {}).get("cpu") or "unknown"
+            out.setdefault(c, {}).setdefault(cpu, []).append(s)
+    return {c: dict(sorted(v.items())) for c, v in out.items()}
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    """'8-10, 12' for [8, 9, 10, 12]."""
+    spans = []
+    for s in seeds:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, records: str = GRID_RECORDS,
+          made_on: str | None = None) -> dict:
     from experiments.regime import plots
     from experiments.regime.design import RULE_TEXT
     cells = _cells({**done_confirm, **done_compare})
@@ -208,7 +251,8 @@ def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, record
                 report_text=confirm.CONFIRM_REPORT_TEXT,
                 recovered_text=confirm.RECOVERED_TEXT, tests_text=confirm.COMPARE_TESTS_TEXT,
                 predictions=dict(confirm.PREDICTIONS, confirmation=confirm.CONFIRM_PREDICTION),
-                confirmation=confirmation(cells, pooled), comparison=comparison(cells), cells=cells)
+                confirmation=confirmation(cells, pooled), comparison=comparison(cells), cells=cells,
+                hardware_text=HARDWARE_TEXT, made_on=made_on_seeds({**done_confirm, **done_compare}, made_on))
     data["verdicts"] = verdicts.compare(data["comparison"], data["confirmation"])
     data["verdict_rules"] = dict(kinds=verdicts.KINDS_TEXT, confirmation=verdicts.CONFIRMATION_TEXT)
     md = report_md(data)

@@ -52,4 +52,4 @@ def main(args, t0: float) -> dict:
     confirm_runs = plan("confirm", runs_dir)
     compare_runs = plan("compare", runs_dir)
     return confirm_report.write(collect(confirm_runs, records), collect(compare_runs, records), out=args.out,
-                                t0=t0)
+                                t0=t0, made_on=os.path.join(os.path.dirname(os.path.abspath(records)), "made_on.json"))

@@ -41,8 +41,11 @@ ENTRIES = (
           note="tiers 1 and 2 of the pre-registered dose-response grid (experiments/regime/design.py), one record "
                "per finished run; PARTIAL until grid.json says complete: `--report` rewrites the tables from the "
                "runs finished so far and the command resumes the rest (about 25 core-hours)"),
-    Entry("confirm", "results/regime/confirm", ("confirm.json", "confirm.md", "confirm.png", "records/*.jsonl.gz"),
-          ("python -m experiments.regime --confirm --jobs 2", "python -m experiments.regime --compare --jobs 2"),
+    Entry("confirm", "results/regime/confirm", ("confirm.json", "confirm.md", "confirm.png", "made_on.json",
+                                               "records/*.jsonl.gz"),
+          ("python -m experiments.regime --confirm --jobs 2", "python -m experiments.regime --compare --jobs 2",
+           "python -m experiments.made_on results/regime/confirm/records --report results/regime/confirm/confirm.json "
+           "--runs results/regime/confirm/runs", "python -m experiments.regime --confirm --report"),
           wall_s=300000,
           check_commands=("python -m experiments.regime --confirm --report --records results/regime/confirm/records "
                           "--out {out}",), check_wall_s=20, quick=True,
