@@ -13,6 +13,7 @@ Writes OUT (default RECORDS/../made_on.json): {"records": {name: {cpu, earlier_c
 the provenance of this command}.
 
   made_on(records, report, runs=None)    that dict
+  kinds_lines(made)                      a report's list of {cell: {cpu: [seeds]}}: "- cell: seeds 8-10 on CPU; ..."
 """
 import argparse
 import glob
@@ -63,6 +64,22 @@ def made_on(records: str, report: str, runs: str | None = None) -> dict:
             cpu, commit = _report_cpu(report, path)
             out[name] = dict(cpu=cpu, earlier_cpus=[], source=f"report at {commit[:10]}" if commit else "unknown")
     return out
+
+
+def seeds_text(seeds: list[int]) -> str:
+    """'8-10, 12' for [8, 9, 10, 12]."""
+    spans = []
+    for s in seeds:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def kinds_lines(made: dict) -> str:
+    return "\n".join(f"- {c}: " + "; ".join(f"seed{'s' if len(s) > 1 else ''} {seeds_text(s)} on {cpu}"
+                                            for cpu, s in kinds.items()) for c, kinds in made.items())
 
 
 def main(argv=None) -> dict:

@@ -325,12 +325,15 @@ def test_the_grid_report_reads_the_rules_from_measured_rows_and_writes_elsewhere
                                           "lv3-clip-none-n4-s8.jsonl.gz"))
     run_dir, flags, _ = grid_run("lag1-clip/none/n4", 32, str(out / "runs"))  # the default --runs-dir
     records.mkdir()
+    head = dict(head, flags=[*flags, "--steps", "800"], cpu="A CPU [x]")  # the grid run's flags, a CPU named
     with gzip.open(record_path(run_dir, str(records)), "wt") as f:
-        f.write("\n".join(json.dumps(x) for x in [dict(head, flags=[*flags, "--steps", "800"]), *rows]) + "\n")
+        f.write("\n".join(json.dumps(x) for x in [head, *rows]) + "\n")
     data = main(argv)
     assert data["runs"] == 1 and list(data["cells"]) == ["lag1-clip/none/n4"] and (out / "grid.png").stat().st_size
     assert "**partial: 1 of 80 planned runs finished**" in (out / "grid.md").read_text()
     assert "](grid.png)" in (out / "grid.md").read_text()
+    assert data["made_on"] == {"lag1-clip/none/n4": {"A CPU [x]": [32]}}  # the header's CPU
+    assert "- lag1-clip/none/n4: seed 32 on A CPU [x]" in (out / "grid.md").read_text()
     r = subprocess.run([sys.executable, "-m", "experiments.regime", "--levers", "--grid", "--report", "--records",
                         str(records), "--out", str(tmp_path / "bare")], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "python -m experiments.regime --levers" in r.stderr

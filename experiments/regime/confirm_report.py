@@ -18,6 +18,7 @@ import statistics
 import subprocess
 
 from experiments.common import fmt, write_results
+from experiments.made_on import kinds_lines
 from experiments.regime import confirm, verdicts
 from experiments.regime.grid import _mean, _paired, cell_run, run_row
 from experiments.stats import fisher_exact, holm, newcombe, wilson
@@ -205,9 +206,7 @@ def report_md(data: dict) -> str:
     if data.get("made_on"):
         parts += ["## The kinds of CPU that made the runs", f"{data['hardware_text'][0].upper()}"
                   f"{data['hardware_text'][1:]}.",
-                  "\n".join(f"- {c}: " + "; ".join(f"seed{'s' if len(s) > 1 else ''} {_seeds_text(s)} on {cpu}"
-                                                    for cpu, s in kinds.items())
-                            for c, kinds in data["made_on"].items())]
+                  kinds_lines(data["made_on"])]
     return "\n\n".join(parts)
 
 
@@ -229,16 +228,6 @@ def made_on_seeds(done: dict, path: str | None) -> dict:
             out.setdefault(c, {}).setdefault(cpu, []).append(s)
     return {c: dict(sorted(v.items())) for c, v in out.items()}
 
-
-def _seeds_text(seeds: list[int]) -> str:
-    """'8-10, 12' for [8, 9, 10, 12]."""
-    spans = []
-    for s in seeds:
-        if spans and s == spans[-1][1] + 1:
-            spans[-1][1] = s
-        else:
-            spans.append([s, s])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, records: str = GRID_RECORDS,

@@ -12,11 +12,19 @@ grid's tables are made (OUT/grid.{json,md}). OUT is results/regime/levers.
 import os
 
 from experiments.common import fmt, write_results
+from experiments.made_on import kinds_lines
 from experiments.regime import design, levers, verdicts
 from experiments.regime.grid import _paired, cell_entry, cell_run, run_row
 from experiments.stats import fisher_exact, holm, wilson
 from experiments.sweep import finished, run_all, set_flag
 from r3.errors import InputError
+
+
+HARDWARE_TEXT = (
+    "Description, not a test (added before the grid's first run): this project's machine alternates between kinds of "
+    "CPU and a run's numbers depend on the kind, its warm-up's included, so two cells' runs of one seed made on "
+    "different kinds do not start from one checkpoint; the design fixes no kind and its tests are unchanged. Each "
+    "record's header names the CPU that made it")
 
 
 def setting_flags(setting: str, flags: list[str]) -> list[str]:
@@ -115,24 +123,29 @@ def extended(cells: dict, seeds=levers.GRID_SEEDS, planned_cells: list[str] | No
     return out
 
 
-def collect(runs: list[tuple], records: str, curves: dict | None = None) -> dict:
+def collect(runs: list[tuple], records: str, curves: dict | None = None, made: dict | None = None) -> dict:
     """{cell: cell_entry} of the finished runs among `runs`; with `curves`, each run's held-out accuracy is put there
-    too ({cell: {seed: [(step, accuracy)]}}, for the figure)."""
+    too ({cell: {seed: [(step, accuracy)]}}, for the figure); with `made`, the seeds each kind of CPU made ({cell:
+    {cpu: [seeds]}}, from the records' headers)."""
     done = {}
     for c, s, out, flags, steps in runs:
         if (rec := finished(out, flags, steps, records)) is not None:
             done.setdefault(c, {})[s] = run_row(rec[0].get("commit"), rec[1])
+            if made is not None:
+                made.setdefault(c, {}).setdefault(rec[0].get("cpu") or "unknown", []).append(s)
             if curves is not None:
                 curves.setdefault(c, {})[s] = [(r["step"], r["eval/accuracy"]) for r in rec[1]
                                                if r.get("eval/accuracy") is not None]
     return {c: cell_entry(runs) for c, runs in done.items()}
 
 
-def write_grid(out: str, cells: dict, rows: dict, t0: float, curves: dict | None = None) -> dict:
+def write_grid(out: str, cells: dict, rows: dict, t0: float, curves: dict | None = None,
+               made: dict | None = None) -> dict:
     """OUT/grid.{json,md}: per cell its collapse count (Wilson 95 %) and means, the tests, and each prediction's
     clauses with their verdicts (verdicts.levers_grid); marked partial until every planned run has finished (the
     first look's 8 seeds of every cell, and seeds 40-47 of the settings the extension rule picks from those). With
-    `curves` (collect's), also OUT/grid.png (plots.levers_grid_figure), which grid.md shows."""
+    `curves` (collect's), also OUT/grid.png (plots.levers_grid_figure), which grid.md shows; with `made`, the kinds
+    of CPU that made each cell's seeds (description: a run's numbers depend on the kind, docs/reproduce.md)."""
     ts = grid_tests(cells)
     k_star, preset = rows["k_star"], rows["int4_preset"]
     planned_cells = levers.grid_cells(k_star, preset)
@@ -170,10 +183,12 @@ def write_grid(out: str, cells: dict, rows: dict, t0: float, curves: dict | None
         *(["![the levers' grid: collapse rates and held-out accuracy](grid.png)"] if curves is not None else []),
         "\n".join(lines), f"## Tests\n\n{levers.TESTS_TEXT}.", "\n".join(tl),
         f"## Predictions (written before the runs) and their verdicts\n\nRules (experiments/regime/verdicts.py, "
-        f"fixed before the grid's first run): {verdicts.LEVERS_TEXT}.", "\n".join(pl)])
+        f"fixed before the grid's first run): {verdicts.LEVERS_TEXT}.", "\n".join(pl),
+        *([f"## The kinds of CPU that made the runs\n\n{HARDWARE_TEXT}.", kinds_lines(made)] if made else [])])
     data = dict(cells=cells, tests=ts, extended=ext, k_star=k_star, int4_preset=preset, complete=complete,
                 runs=n_done, planned=len(planned), predictions=levers.GRID_PREDICTIONS, verdicts=verdict,
-                verdict_rules=verdicts.LEVERS_TEXT)
+                verdict_rules=verdicts.LEVERS_TEXT,
+                made_on={c: dict(sorted(v.items())) for c, v in (made or {}).items()})
     write_results(os.path.join(out, "grid.json"), data, md=text, t0=t0)
     if curves is not None:
         from experiments.regime import plots
@@ -200,5 +215,5 @@ def main(args, t0: float) -> dict:
     if wanted(extra) and not args.report:
         run_all([r[2:] for r in wanted(extra)], jobs=args.jobs, log_dir=os.path.join(args.runs_dir, "logs"),
                 records=args.records)
-    curves = {}
-    return write_grid(args.out, collect(full + extra, args.records, curves), rows, t0, curves)
+    curves, made = {}, {}
+    return write_grid(args.out, collect(full + extra, args.records, curves, made), rows, t0, curves, made)
