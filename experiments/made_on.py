@@ -56,8 +56,13 @@ def made_on(records: str, report: str, runs: str | None = None) -> dict:
         if head.get("cpu"):
             out[name] = dict(cpu=head["cpu"], earlier_cpus=head.get("earlier_cpus", []), source="record")
         elif stamp and os.path.exists(stamp):
-            with open(stamp) as f:
-                prov = json.load(f)
+            try:
+                with open(stamp) as f:
+                    prov = json.load(f)
+                if not isinstance(prov, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as e:
+                raise InputError(f"{stamp}: not a readable provenance stamp ({e})") from None
             out[name] = dict(cpu=prov.get("cpu"), earlier_cpus=[s.get("cpu") for s in prov.get("segments", [])],
                              source="run folder")
         else:

@@ -8,8 +8,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from experiments.made_on import made_on
 from experiments.regime.confirm_report import made_on_seeds
+from r3.errors import InputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XEON, EPYC = "Intel(R) Xeon(R) [amx_bf16]", "AMD EPYC [avx2]"
@@ -49,6 +52,9 @@ def test_each_record_gets_its_cpu_from_the_first_source_that_answers(tmp_path):
     assert got["old-s0"]["source"].startswith("report at ") and got["folder-s0"]["source"] == "run folder"
     assert got["new-s0"]["source"] == "record" and got["lost-s0"]["source"] == "unknown"
     assert got["old-s0"]["source"] != got["old-s1"]["source"]  # each names the commit that added it
+    (runs / "folder-s0" / "provenance.json").write_text("{cut")
+    with pytest.raises(InputError, match="folder-s0/provenance.json: not a readable provenance stamp"):
+        made_on(str(records), str(study / "report.json"), str(runs))
 
 
 def test_the_report_lists_the_seeds_each_kind_made(tmp_path):
