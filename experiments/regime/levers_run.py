@@ -7,7 +7,7 @@
   extended(cells)                  EXTEND_TEXT: the settings whose cells go on to seeds 40-47
   grid_tests(cells)                TESTS_TEXT: both families, Fisher and paired permutations, Holm
 Runs are the sweep's (experiments/sweep.py): resumable, one record per finished run in OUT/records, from which the
-grid's tables are made (OUT/grid.{json,md}). OUT is results/regime/levers.
+grid's tables and figure are made (OUT/grid.{json,md,png}). OUT is results/regime/levers.
 """
 import os
 
