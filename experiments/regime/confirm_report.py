@@ -229,7 +229,6 @@ def made_on_seeds(done: dict, path: str | None) -> dict:
     return {c: dict(sorted(v.items())) for c, v in out.items()}
 
 
-
 def write(done_confirm: dict, done_compare: dict, *, out: str, t0: float, records: str = GRID_RECORDS,
           made_on: str | None = None) -> dict:
     from experiments.regime import plots

@@ -291,9 +291,7 @@ def levers_figure(data: dict, path: str) -> None:
     plt.close(fig)
 
 
-LEVER_ARM_COLORS = {"none": "tab:red", "r3": "tab:blue", "tis": "tab:orange", "r3-tis": "tab:purple"}
-
-
+LEVER_ARM_COLORS = {**ARM_COLORS, "tis": "tab:orange", "r3-tis": "tab:purple"}
 
 
 def levers_grid_figure(data: dict, curves: dict, path: str) -> None:
